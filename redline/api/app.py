@@ -1,0 +1,80 @@
+"""The ASGI app: assembles config → backends → pipeline → routes, in one place."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator, Mapping
+from pathlib import Path
+
+from fastapi import FastAPI
+
+from redline.api import errors, openai_routes, ops_routes
+from redline.api.middleware import BodyLimit, ReadyGate
+from redline.backends.base import Backend
+from redline.config import ModelConfig, RedlineConfig
+from redline.pipeline import Pipeline
+from redline.telemetry.metrics import Metrics
+
+log = logging.getLogger(__name__)
+
+
+
+def build_backend(cfg: ModelConfig, models_dir: Path) -> Backend:
+    if cfg.backend == "local":
+        from redline.backends.local import LocalBackend
+
+        return LocalBackend(cfg, models_dir)
+    raise ValueError(f"backend {cfg.backend!r} is not available yet")
+
+
+def create_app(config: RedlineConfig, backends: Mapping[str, Backend] | None = None) -> FastAPI:
+    """Build the app. `backends` replaces the configured ones (tests pass fakes)."""
+    metrics = Metrics()
+    if backends is None:
+        models_dir = config.data_path("models", ".keep").parent
+        backends = {m.name: build_backend(m, models_dir) for m in config.models}
+    default = config.default_model if config.default_model in backends else next(iter(backends))
+    pipeline = Pipeline(backends, default, metrics)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        # load in the background: /healthz answers at once, /readyz once warm
+        app.state.loader = asyncio.create_task(_start(pipeline))
+        try:
+            yield
+        finally:
+            app.state.draining = True
+            app.state.loader.cancel()
+            await pipeline.close()
+
+    app = FastAPI(title="redline", version="0.1.0", lifespan=lifespan,
+                  description="Low-latency LLM serving layer, OpenAI-compatible.")
+    app.state.config = config
+    app.state.pipeline = pipeline
+    app.state.metrics = metrics
+    app.state.draining = False
+    app.state.started_at = time.time()
+    errors.install(app)
+
+    app.include_router(ops_routes.router)
+    app.include_router(openai_routes.router)
+    app.add_middleware(ReadyGate, is_ready=lambda: pipeline.ready and not app.state.draining,
+                       why=lambda: "draining" if app.state.draining else "the models are still loading")
+    app.add_middleware(BodyLimit, limit=config.server.max_body_bytes)
+    return app
+
+
+async def _start(pipeline: Pipeline) -> None:
+    t0 = time.perf_counter()
+    try:
+        await pipeline.start()
+    except Exception:
+        log.exception("could not start the models")
+        raise
+    log.info("ready in %.1f s", time.perf_counter() - t0)
+
+
+__all__ = ["create_app"]

@@ -1,0 +1,83 @@
+"""ASGI middleware: request body cap (413 before the body is read whole)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from redline.errors import NotReady, PayloadTooLarge, RedlineError
+
+
+async def send_error(send: Send, err: RedlineError, close: bool = False) -> None:
+    body = json.dumps(err.to_dict()).encode()
+    headers = [(b"content-type", b"application/json"),
+               (b"content-length", str(len(body)).encode())]
+    if err.retry_after is not None:
+        headers.append((b"retry-after", str(max(1, round(err.retry_after))).encode()))
+    if close:
+        headers.append((b"connection", b"close"))
+    await send({"type": "http.response.start", "status": err.status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+class ReadyGate:
+    """503 + Retry-After on /v1/* until the models are warm, and while draining."""
+
+    def __init__(self, app: ASGIApp, is_ready: Callable[[], bool], why: Callable[[], str]) -> None:
+        self.app, self.is_ready, self.why = app, is_ready, why
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["path"].startswith("/v1/") and not self.is_ready():
+            await send_error(send, NotReady(f"Server not ready: {self.why()}.", retry_after=1))
+            return
+        await self.app(scope, receive, send)
+
+
+class BodyLimit:
+    """Refuse bodies over `limit` bytes: at once from Content-Length, or as soon as the
+    streamed body passes the limit (chunked uploads)."""
+
+    def __init__(self, app: ASGIApp, limit: int) -> None:
+        self.app, self.limit = app, limit
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        for name, value in scope.get("headers", ()):
+            if name == b"content-length" and value.isdigit() and int(value) > self.limit:
+                await self._reject(send)
+                return
+        seen = 0
+        started = False
+
+        async def guarded_receive() -> Message:
+            nonlocal seen
+            message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > self.limit:
+                    raise _BodyTooLarge
+            return message
+
+        async def tracking_send(message: Message) -> None:
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+            await send(message)
+
+        try:
+            await self.app(scope, guarded_receive, tracking_send)
+        except _BodyTooLarge:
+            if not started:
+                await self._reject(send)
+
+    async def _reject(self, send: Send) -> None:
+        err = PayloadTooLarge(f"Request body is larger than the limit of {self.limit} bytes.")
+        await send_error(send, err, close=True)
+
+
+class _BodyTooLarge(Exception):
+    pass

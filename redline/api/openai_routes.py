@@ -1,0 +1,199 @@
+"""OpenAI-compatible endpoints: /v1/models, /v1/chat/completions, /v1/completions."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from redline.api import sse
+from redline.api.schemas import ChatCompletionRequest, CompletionRequest
+from redline.pipeline import AUTO, Completion, Pipeline
+from redline.types import Chunk, new_id
+
+router = APIRouter()
+
+
+def _pipeline(request: Request) -> Pipeline:
+    return request.app.state.pipeline  # type: ignore[no-any-return]
+
+
+def _tenant(request: Request) -> str:
+    return getattr(request.state, "tenant", "anonymous")
+
+
+def _tier(request: Request, body_tier: str | None) -> str | None:
+    return request.headers.get("x-redline-tier") or body_tier
+
+
+def _headers(c: Completion, request_id: str) -> dict[str, str]:
+    return {
+        "X-Request-Id": request_id,
+        "X-Redline-Model": c.model,
+        "X-Redline-Tier": c.tier,
+        "X-Redline-Cache": c.cache,
+        "Server-Timing": c.timings.server_timing(),
+    }
+
+
+@router.get("/v1/models")
+async def list_models(request: Request) -> dict[str, Any]:
+    created = int(request.app.state.started_at)
+    names = [*_pipeline(request).model_names(), AUTO]
+    return {"object": "list",
+            "data": [{"id": n, "object": "model", "created": created, "owned_by": "redline"}
+                     for n in names]}
+
+
+@router.post("/v1/chat/completions", response_model=None)
+async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
+    gen = body.to_generation(_tier(request, body.tier), _tenant(request))
+    return await _serve(request, gen_kind="chat", body=body, gen=gen)
+
+
+@router.post("/v1/completions", response_model=None)
+async def completions(body: CompletionRequest, request: Request) -> Response:
+    gen = body.to_generation(_tier(request, body.tier), _tenant(request))
+    return await _serve(request, gen_kind="text", body=body, gen=gen)
+
+
+async def _serve(request: Request, *, gen_kind: str, body: Any, gen: Any) -> Response:
+    pipeline = _pipeline(request)
+    request_id = request.headers.get("x-request-id") or gen.id
+    completion = await pipeline.complete(gen)
+    shape = _ChatShape(gen.id, completion.model) if gen_kind == "chat" else _TextShape(
+        gen.id, completion.model)
+    if body.stream:
+        stream_id = new_id("strm")
+        headers = _headers(completion, request_id) | {
+            "X-Redline-Stream-Id": stream_id, "Cache-Control": "no-cache",
+            "X-Accel-Buffering": "no"}
+        events = _sse(completion, shape, stream_id, body.include_usage)
+        return StreamingResponse(events, media_type="text/event-stream", headers=headers)
+    text = []
+    async for chunk in completion.chunks:
+        text.append(chunk.text)
+    payload = shape.full("".join(text), completion)
+    return JSONResponse(payload, headers=_headers(completion, request_id))
+
+
+async def _sse(c: Completion, shape: _Shape, stream_id: str,
+               include_usage: bool) -> AsyncIterator[bytes]:
+    seq = 0
+
+    def ev(data: dict[str, Any] | str) -> bytes:
+        nonlocal seq
+        seq += 1
+        return sse.event(stream_id, seq, data)
+
+    try:
+        if isinstance(shape, _ChatShape):
+            yield ev(shape.delta({"role": "assistant", "content": ""}, None, include_usage))
+        async for chunk in c.chunks:
+            if chunk.finish_reason == "error":
+                yield ev({"error": {"message": chunk.error or "generation failed",
+                                    "type": "server_error", "param": None, "code": None}})
+                break
+            if chunk.text:
+                yield ev(shape.piece(chunk.text, None, include_usage))
+            if chunk.finish_reason is not None:
+                yield ev(shape.piece("", chunk.finish_reason, include_usage,
+                                     redline={"timings": _ms(c)}))
+        if include_usage and c.usage is not None:
+            yield ev(shape.usage_chunk(c))
+    except Exception as exc:  # a failure after streaming began: an error event, then DONE
+        yield ev({"error": {"message": f"generation failed: {type(exc).__name__}",
+                            "type": "server_error", "param": None, "code": None}})
+    yield ev(sse.DONE)
+
+
+def _ms(c: Completion) -> dict[str, float]:
+    return {k: round(v * 1000, 2) for k, v in c.timings.seconds.items()}
+
+
+def _usage(c: Completion) -> dict[str, int]:
+    u = c.usage
+    if u is None:
+        return {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}
+    return {"prompt_tokens": u.prompt_tokens, "completion_tokens": u.completion_tokens,
+            "total_tokens": u.total_tokens}
+
+
+class _Shape:
+    object_full = ""
+    object_chunk = ""
+
+    def __init__(self, gen_id: str, model: str) -> None:
+        self.id = gen_id.replace("req-", "chatcmpl-" if isinstance(self, _ChatShape) else "cmpl-")
+        self.model = model
+        self.created = int(time.time())
+
+    def _envelope(self, obj: str, choices: list[dict[str, Any]]) -> dict[str, Any]:
+        return {"id": self.id, "object": obj, "created": self.created, "model": self.model,
+                "choices": choices}
+
+    def usage_chunk(self, c: Completion) -> dict[str, Any]:
+        out = self._envelope(self.object_chunk, [])
+        out["usage"] = _usage(c)
+        return out
+
+    def piece(self, text: str, finish: str | None, include_usage: bool,
+              redline: dict[str, Any] | None = None) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def full(self, text: str, c: Completion) -> dict[str, Any]:
+        raise NotImplementedError
+
+
+class _ChatShape(_Shape):
+    object_full = "chat.completion"
+    object_chunk = "chat.completion.chunk"
+
+    def delta(self, delta: dict[str, Any], finish: str | None, include_usage: bool,
+              redline: dict[str, Any] | None = None) -> dict[str, Any]:
+        out = self._envelope(self.object_chunk, [
+            {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}])
+        if include_usage:
+            out["usage"] = None
+        if redline:
+            out["redline"] = redline
+        return out
+
+    def piece(self, text: str, finish: str | None, include_usage: bool,
+              redline: dict[str, Any] | None = None) -> dict[str, Any]:
+        return self.delta({"content": text} if text else {}, finish, include_usage, redline)
+
+    def full(self, text: str, c: Completion) -> dict[str, Any]:
+        out = self._envelope(self.object_full, [{
+            "index": 0, "message": {"role": "assistant", "content": text},
+            "logprobs": None, "finish_reason": c.finish_reason or "stop"}])
+        out["usage"] = _usage(c)
+        return out
+
+
+class _TextShape(_Shape):
+    object_full = "text_completion"
+    object_chunk = "text_completion"
+
+    def piece(self, text: str, finish: str | None, include_usage: bool,
+              redline: dict[str, Any] | None = None) -> dict[str, Any]:
+        out = self._envelope(self.object_chunk, [
+            {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}])
+        if include_usage:
+            out["usage"] = None
+        if redline:
+            out["redline"] = redline
+        return out
+
+    def full(self, text: str, c: Completion) -> dict[str, Any]:
+        out = self._envelope(self.object_full, [{
+            "index": 0, "text": text, "logprobs": None,
+            "finish_reason": c.finish_reason or "stop"}])
+        out["usage"] = _usage(c)
+        return out
+
+
+__all__ = ["router", "Chunk"]

@@ -1,0 +1,28 @@
+"""Operations: liveness, readiness, metrics."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST
+
+router = APIRouter()
+
+
+@router.get("/healthz")
+async def healthz() -> dict[str, str]:
+    return {"status": "ok"}
+
+
+@router.get("/readyz")
+async def readyz(request: Request) -> JSONResponse:
+    state = request.app.state
+    if state.pipeline.ready and not state.draining:
+        return JSONResponse({"status": "ready"})
+    reason = "draining" if state.draining else "loading"
+    return JSONResponse({"status": reason}, status_code=503, headers={"Retry-After": "1"})
+
+
+@router.get("/metrics")
+async def metrics(request: Request) -> Response:
+    return Response(request.app.state.metrics.render(), media_type=CONTENT_TYPE_LATEST)

@@ -1,0 +1,92 @@
+"""The embedded llama.cpp engine as a backend."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+from redline.backends.base import BackendInfo
+from redline.config import ModelConfig
+from redline.engine.engine import Engine
+from redline.engine.llama import LlamaModel
+from redline.errors import ContextLengthExceeded, NotReady
+from redline.models import bundled_path
+from redline.types import Chunk, GenerationRequest, SamplingParams
+
+
+class LocalBackend:
+    def __init__(self, cfg: ModelConfig, models_dir: Path) -> None:
+        self.cfg = cfg
+        self._models_dir = models_dir
+        self.info = BackendInfo(cfg.name, "local", cfg.n_ctx, cfg.size_rank)
+        self.engine: Engine | None = None
+        self.model: LlamaModel | None = None
+
+    async def start(self) -> None:
+        await asyncio.to_thread(self._load)
+        if self.cfg.warmup:
+            await self.warmup()
+
+    def _load(self) -> None:
+        cfg = self.cfg
+        path = Path(cfg.path) if cfg.path else bundled_path(cfg.bundled or "", self._models_dir)
+        self.model = LlamaModel(str(path), self.cfg.chat_template)
+        self.engine = Engine(self.model, n_ctx_per_seq=self.cfg.n_ctx, n_seq_max=self.cfg.n_seq_max,
+                             n_batch=self.cfg.n_batch, n_threads=self.cfg.n_threads)
+
+    async def warmup(self) -> None:
+        """Touch every code path once (prefill, batched decode) so the first user
+        does not pay for page faults and first-call allocations."""
+        prompt = "Warm-up: count from one to ten."
+        req = GenerationRequest(model=self.cfg.name, prompt=prompt,
+                                sampling=SamplingParams(max_tokens=8, temperature=0.0))
+        n = min(4, self.cfg.n_seq_max)
+        await asyncio.gather(*[self._drain(req) for _ in range(n)])
+
+    async def _drain(self, req: GenerationRequest) -> None:
+        async for _ in self.stream(req):
+            pass
+
+    def prompt_tokens(self, request: GenerationRequest) -> list[int]:
+        assert self.model is not None
+        if request.messages is not None:
+            text = self.model.render_chat(request.messages)
+            return self.model.tokenize(text, add_special=False, parse_special=True)
+        return self.model.tokenize(request.prompt or "", add_special=True, parse_special=False)
+
+    async def stream(self, request: GenerationRequest) -> AsyncIterator[Chunk]:
+        if self.engine is None or self.model is None:
+            raise NotReady("the model is still loading", retry_after=1)
+        t0 = time.perf_counter()
+        tokens = self.prompt_tokens(request)
+        tokenize_s = time.perf_counter() - t0
+        limit = self.cfg.n_ctx
+        if len(tokens) + request.sampling.max_tokens > limit:
+            raise ContextLengthExceeded(
+                f"This model's maximum context length is {limit} tokens. However, you requested "
+                f"{len(tokens) + request.sampling.max_tokens} tokens ({len(tokens)} in the messages, "
+                f"{request.sampling.max_tokens} in the completion). Please reduce the length of the "
+                "messages or completion.",
+                param="messages" if request.is_chat else "prompt",
+            )
+        if not tokens:
+            tokens = self.model.tokenize(" ", add_special=True)
+        async for chunk in self.engine.generate(tokens, request.sampling, request.id):
+            if chunk.timings is not None:
+                chunk.timings.add("tokenize", tokenize_s)
+            yield chunk
+
+    def load(self) -> int:
+        return self.engine.active if self.engine else 0
+
+    async def close(self) -> None:
+        if self.engine is not None:
+            await asyncio.to_thread(self.engine.close)
+            self.engine = None
+        if self.model is not None:
+            self.model.close()
+            self.model = None
+
+

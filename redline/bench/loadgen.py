@@ -1,0 +1,138 @@
+"""A streaming load generator for any OpenAI-compatible server.
+
+Closed loop: `concurrency` workers, each sends its next request when the last one
+ends. Open loop: requests arrive as a Poisson process at `rate` per second.
+Each request records TTFT, inter-token latencies, E2E and output tokens.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+
+@dataclass(frozen=True)
+class Target:
+    name: str
+    url: str  # base URL, e.g. http://127.0.0.1:8000
+    model: str
+    api_key: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)  # merged into every body
+
+
+@dataclass
+class Sample:
+    ok: bool
+    ttft: float = 0.0
+    e2e: float = 0.0
+    tokens: int = 0
+    itl: list[float] = field(default_factory=list)
+    error: str = ""
+    text: str = ""
+    headers: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def tpot(self) -> float | None:
+        return (self.e2e - self.ttft) / (self.tokens - 1) if self.tokens > 1 else None
+
+
+@dataclass
+class RunResult:
+    target: str
+    concurrency: int
+    rate: float | None
+    wall_s: float
+    samples: list[Sample]
+
+
+Body = dict[str, Any]
+
+
+async def one_request(client: httpx.AsyncClient, target: Target, body: Body) -> Sample:
+    payload = {"model": target.model, "stream": True,
+               "stream_options": {"include_usage": True}, **body, **target.extra}
+    headers = {"Authorization": f"Bearer {target.api_key}"} if target.api_key else {}
+    t0 = time.perf_counter()
+    sample = Sample(ok=False)
+    last = None
+    chunks = 0
+    text: list[str] = []
+    try:
+        async with client.stream("POST", f"{target.url}/v1/chat/completions", json=payload,
+                                 headers=headers) as resp:
+            sample.headers = dict(resp.headers)
+            if resp.status_code != 200:
+                await resp.aread()
+                sample.error = f"HTTP {resp.status_code}: {resp.text[:200]}"
+                return sample
+            async for line in resp.aiter_lines():
+                if not line.startswith("data: "):
+                    continue
+                data = line[6:]
+                if data == "[DONE]":
+                    break
+                obj = json.loads(data)
+                if "error" in obj:
+                    sample.error = str(obj["error"])
+                    return sample
+                usage = obj.get("usage")
+                if usage:
+                    sample.tokens = usage.get("completion_tokens", 0)
+                for choice in obj.get("choices") or []:
+                    piece = (choice.get("delta") or {}).get("content") or choice.get("text") or ""
+                    if piece:
+                        now = time.perf_counter()
+                        if last is None:
+                            sample.ttft = now - t0
+                        else:
+                            sample.itl.append(now - last)
+                        last = now
+                        chunks += 1
+                        text.append(piece)
+        sample.e2e = time.perf_counter() - t0
+        sample.tokens = sample.tokens or chunks
+        sample.text = "".join(text)
+        sample.ok = last is not None
+        if not sample.ok:
+            sample.error = "no tokens"
+    except (httpx.HTTPError, json.JSONDecodeError) as exc:
+        sample.error = f"{type(exc).__name__}: {exc}"
+    return sample
+
+
+async def run_closed(target: Target, make_body: Callable[[int], Body], concurrency: int,
+                     n_requests: int, timeout: float = 300.0) -> RunResult:
+    samples: list[Sample] = []
+    counter = iter(range(n_requests))
+    limits = httpx.Limits(max_connections=concurrency + 4, max_keepalive_connections=concurrency + 4)
+    async with httpx.AsyncClient(timeout=timeout, limits=limits) as client:
+        async def worker() -> None:
+            for i in counter:
+                samples.append(await one_request(client, target, make_body(i)))
+
+        t0 = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        wall = time.perf_counter() - t0
+    return RunResult(target.name, concurrency, None, wall, samples)
+
+
+async def run_poisson(target: Target, make_body: Callable[[int], Body], rate: float,
+                      n_requests: int, seed: int = 0, timeout: float = 300.0) -> RunResult:
+    rng = random.Random(seed)
+    samples: list[Sample] = []
+    async with httpx.AsyncClient(timeout=timeout, limits=httpx.Limits(max_connections=1000)) as client:
+        tasks = []
+        t0 = time.perf_counter()
+        for i in range(n_requests):
+            tasks.append(asyncio.create_task(one_request(client, target, make_body(i))))
+            await asyncio.sleep(rng.expovariate(rate))
+        samples = list(await asyncio.gather(*tasks))
+        wall = time.perf_counter() - t0
+    return RunResult(target.name, 0, rate, wall, samples)

@@ -1,0 +1,140 @@
+"""One typed configuration, parsed once at the edge.
+
+Sources, later wins: defaults < YAML file (`--config`) < environment variables
+`REDLINE_<SECTION>__<KEY>` (e.g. `REDLINE_SERVER__PORT=9000`,
+`REDLINE_STORE__URL=redis://localhost:6379/0`). This is the only module that reads
+the environment. Each component is handed its own section, never the whole config.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ServerConfig(_Section):
+    host: str = "127.0.0.1"
+    port: int = Field(8000, ge=0, le=65535)
+    max_body_bytes: int = Field(1 << 20, ge=1024, description="413 above this request size")
+    data_dir: str = Field(".redline", description="SQLite files and assembled models live here")
+    log_level: str = "info"
+
+
+class ModelConfig(_Section):
+    """One model the server offers. `backend: local` runs it in the embedded engine."""
+
+    name: str
+    backend: Literal["local", "openai"] = "local"
+    # local: a GGUF path, or a bundled model name (see redline.models)
+    path: str | None = None
+    bundled: str | None = None
+    chat_template: Literal["auto", "gemma", "chatml"] = "auto"
+    n_ctx: int = Field(2048, ge=64, description="context per sequence, tokens")
+    n_seq_max: int = Field(8, ge=1, le=64, description="sequences decoded together")
+    n_batch: int = Field(512, ge=32, description="tokens per decode step (chunked prefill)")
+    n_threads: int = Field(0, ge=0, description="0 = all cores")
+    warmup: bool = True
+    size_rank: int = Field(1, description="1 = smallest; routing orders models by it")
+    # openai: a remote OpenAI-compatible engine
+    url: str | None = None
+    upstream_model: str | None = None
+    api_key: str | None = None
+
+    @model_validator(mode="after")
+    def _source(self) -> ModelConfig:
+        if self.backend == "local" and not (self.path or self.bundled):
+            raise ValueError(f"model {self.name!r}: a local model needs `path` or `bundled`")
+        if self.backend == "openai" and not self.url:
+            raise ValueError(f"model {self.name!r}: an openai backend needs `url`")
+        return self
+
+
+def _default_models() -> list[ModelConfig]:
+    return [
+        ModelConfig(name="smollm2-135m-instruct", bundled="smollm2-135m-instruct", size_rank=1),
+        ModelConfig(
+            name="gemma3-270m", bundled="gemma3-270m", chat_template="gemma", size_rank=2
+        ),
+    ]
+
+
+class StreamsConfig(_Section):
+    resume_grace_s: float = Field(30.0, ge=0, description="generation goes on this long without a client")
+    journal_ttl_s: float = Field(600.0, ge=1)
+
+
+class TelemetryConfig(_Section):
+    metrics: bool = True
+
+
+class RedlineConfig(BaseSettings):
+    model_config = SettingsConfigDict(
+        env_prefix="REDLINE_", env_nested_delimiter="__", extra="forbid"
+    )
+
+    server: ServerConfig = ServerConfig()
+    models: list[ModelConfig] = Field(default_factory=_default_models)
+    default_model: str | None = None
+    streams: StreamsConfig = StreamsConfig()
+    telemetry: TelemetryConfig = TelemetryConfig()
+
+    @field_validator("models")
+    @classmethod
+    def _unique_names(cls, models: list[ModelConfig]) -> list[ModelConfig]:
+        names = [m.name for m in models]
+        if len(set(names)) != len(names):
+            raise ValueError(f"model names must be unique: {names}")
+        if not models:
+            raise ValueError("at least one model is needed")
+        return models
+
+    @model_validator(mode="after")
+    def _default(self) -> RedlineConfig:
+        names = [m.name for m in self.models]
+        if self.default_model is None:
+            self.default_model = names[0]
+        elif self.default_model not in names:
+            raise ValueError(f"default_model {self.default_model!r} is not one of {names}")
+        return self
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        # environment beats the file (init kwargs carry the file's content)
+        return (env_settings, init_settings)
+
+    def data_path(self, *parts: str) -> Path:
+        path = Path(self.server.data_dir, *parts)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        return path
+
+    def model(self, name: str) -> ModelConfig | None:
+        return next((m for m in self.models if m.name == name), None)
+
+
+def load_config(path: str | os.PathLike[str] | None = None, **overrides: Any) -> RedlineConfig:
+    """Read the YAML file (if any), then the environment; `overrides` win over the file."""
+    data: dict[str, Any] = {}
+    if path is not None:
+        text = Path(path).read_text()
+        loaded = yaml.safe_load(text) or {}
+        if not isinstance(loaded, dict):
+            raise ValueError(f"{path}: the config must be a mapping")
+        data.update(loaded)
+    data.update(overrides)
+    return RedlineConfig(**data)

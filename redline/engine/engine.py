@@ -1,0 +1,209 @@
+"""The embedded engine: one scheduler thread stepping llama.cpp.
+
+    step():  batch = scheduler.schedule()  →  runner.decode(batch)  →  postprocess(batch)
+
+Requests enter from any thread or event loop through `generate()`, an async
+iterator of `Chunk`s; closing the iterator cancels the sequence, and the slot is
+free before the next step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections.abc import AsyncIterator
+
+from redline.engine.llama import LlamaModel, LlamaRunner
+from redline.engine.scheduler import ScheduledBatch, Scheduler
+from redline.engine.sequence import Sequence
+from redline.errors import EngineDead
+from redline.types import Chunk, SamplingParams, StageTimings, Usage, new_id
+
+log = logging.getLogger(__name__)
+
+
+class Engine:
+    def __init__(self, model: LlamaModel, *, n_ctx_per_seq: int, n_seq_max: int, n_batch: int,
+                 n_threads: int, prefix_reuse: bool = True) -> None:
+        self.model = model
+        self.n_ctx_per_seq = n_ctx_per_seq
+        self.runner = LlamaRunner(model, n_ctx_per_seq, n_seq_max, n_batch, n_threads)
+        self.scheduler = Scheduler(n_seq_max, n_batch, prefix_reuse)
+        self._inbox: list[Sequence] = []
+        self._outbox: list[tuple[Sequence, Chunk]] = []
+        self._wake = threading.Condition()
+        self._stop = False
+        self._dead: BaseException | None = None
+        self.steps = 0
+        self._thread = threading.Thread(target=self._loop, name=f"engine-{id(self):x}", daemon=True)
+        self._thread.start()
+
+    # ---- public, any thread -------------------------------------------------
+    def submit(self, seq: Sequence) -> None:
+        if self._dead is not None:
+            raise EngineDead("the model engine stopped; retry on another replica") from self._dead
+        with self._wake:
+            self._inbox.append(seq)
+            self._wake.notify()
+
+    def poke(self) -> None:
+        with self._wake:
+            self._wake.notify()
+
+    async def generate(self, prompt: list[int], sampling: SamplingParams,
+                       request_id: str | None = None) -> AsyncIterator[Chunk]:
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue[Chunk] = asyncio.Queue()
+        seq = Sequence(request_id or new_id("seq"), prompt, sampling, queue.put_nowait, loop)
+        self.submit(seq)
+        try:
+            while True:
+                chunk = await queue.get()
+                yield chunk
+                if chunk.finish_reason is not None:
+                    return
+        finally:
+            seq.cancel()
+            self.poke()
+
+    @property
+    def active(self) -> int:
+        return len(self.scheduler.running) + len(self.scheduler.waiting) + len(self._inbox)
+
+    def close(self) -> None:
+        with self._wake:
+            self._stop = True
+            self._wake.notify()
+        self._thread.join(timeout=10)
+        self.runner.close()
+
+    # ---- the scheduler thread ----------------------------------------------
+    def _loop(self) -> None:
+        try:
+            while True:
+                with self._wake:
+                    while not (self._stop or self._inbox or self.scheduler.has_work()):
+                        self._wake.wait()
+                    if self._stop:
+                        break
+                    for seq in self._inbox:
+                        self.scheduler.add(seq)
+                    self._inbox.clear()
+                self._drop_cancelled()
+                if self.scheduler.has_work():
+                    self.step()
+                self._flush()
+        except BaseException as exc:  # the engine is dead: tell every waiting client
+            log.exception("engine thread died")
+            self._dead = exc
+            for seq in list(self.scheduler.running) + list(self.scheduler.waiting) + self._inbox:
+                self._deliver(seq, Chunk(finish_reason="error", error="the model engine failed"))
+            self._flush()
+
+    def _deliver(self, seq: Sequence, chunk: Chunk) -> None:
+        self._outbox.append((seq, chunk))
+
+    def _flush(self) -> None:
+        """Hand this step's chunks to their event loops: one wake-up per loop per step,
+        not one per token (the loop thread competes with llama.cpp for the cores)."""
+        if not self._outbox:
+            return
+        by_loop: dict[asyncio.AbstractEventLoop, list[tuple[Sequence, Chunk]]] = {}
+        for seq, chunk in self._outbox:
+            by_loop.setdefault(seq.loop, []).append((seq, chunk))
+        self._outbox = []
+        for loop, items in by_loop.items():
+            try:
+                loop.call_soon_threadsafe(_dispatch, items)
+            except RuntimeError:  # that loop is closed: its clients are gone
+                pass
+
+    def step(self) -> None:
+        batch = self.scheduler.schedule()
+        self._decode(batch)
+        self._postprocess(batch)
+        self.steps += 1
+
+    def _drop_cancelled(self) -> None:
+        for seq in self.scheduler.reap_cancelled():
+            if seq.n_fed or seq.output:
+                self._deliver(seq, self._final(seq, "cancelled", ""))
+
+    def _decode(self, batch: ScheduledBatch) -> None:
+        for seq_id, p0 in batch.kv.removals:
+            if not self.runner.seq_remove(seq_id, p0, -1):
+                self._reset_slot(seq_id)
+        for src, dst, p0, p1 in batch.kv.copies:
+            self.runner.seq_copy(src, dst, p0, p1)
+        if not batch.entries:
+            return
+        try:
+            self.runner.decode(batch.entries)
+        except RuntimeError:
+            # KV full: drop the prefix cache of idle slots, then try once more
+            for seq_id in self.scheduler.evict_free():
+                self.runner.seq_remove(seq_id, -1, -1)
+            self.runner.decode(batch.entries)
+        self.scheduler.commit(batch)
+
+    def _reset_slot(self, seq_id: int) -> None:
+        """A partial removal was refused: recompute the whole prompt in this slot."""
+        self.runner.seq_remove(seq_id, -1, -1)
+        slot = self.scheduler.slots[seq_id]
+        slot.tokens = []
+        if slot.owner is not None:
+            slot.owner.n_fed = slot.owner.reused = 0
+
+    def _postprocess(self, batch: ScheduledBatch) -> None:
+        now = time.perf_counter()
+        for seq, index in batch.samplers:
+            token = seq.sampler.sample(self.runner.ctx, index, self.runner.logits(index))
+            first = seq.first_token_at is None
+            if first:
+                seq.first_token_at = now
+            reason = None
+            text = ""
+            if self.model.is_eog(token) and not seq.sampling.ignore_eos:
+                reason = "stop"
+            else:
+                seq.output.append(token)
+                t0 = time.perf_counter()
+                text = seq.detok.feed(self.model.piece(token))
+                seq.detok_s += time.perf_counter() - t0
+                if seq.detok.stopped:
+                    reason = "stop"
+                elif len(seq.output) >= seq.sampling.max_tokens:
+                    reason = "length"
+                elif len(seq.prompt) + len(seq.output) >= self.n_ctx_per_seq:
+                    reason = "length"
+            if reason is None:
+                timings = self._timings(seq, now) if first else None
+                self._deliver(seq, Chunk(text=text, tokens=1, timings=timings))
+            else:
+                self.scheduler.finish(seq)
+                self._deliver(seq, self._final(seq, reason, text + seq.detok.flush(),
+                                               tokens=1 if text else 0))
+
+    @staticmethod
+    def _timings(seq: Sequence, end: float) -> StageTimings:
+        t = StageTimings()
+        start = seq.scheduled_at or end
+        first = seq.first_token_at or end
+        t.add("queue", start - seq.arrival)
+        t.add("prefill", first - start)
+        t.add("decode", end - first)
+        t.add("detokenize", seq.detok_s)
+        return t
+
+    def _final(self, seq: Sequence, reason: str, text: str, tokens: int = 0) -> Chunk:
+        t = self._timings(seq, time.perf_counter())
+        usage = Usage(len(seq.prompt), len(seq.output))
+        return Chunk(text=text, tokens=tokens, finish_reason=reason, usage=usage,  # type: ignore[arg-type]
+                     timings=t)
+
+
+def _dispatch(items: list[tuple[Sequence, Chunk]]) -> None:
+    for seq, chunk in items:
+        seq.emit(chunk)

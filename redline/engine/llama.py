@@ -1,0 +1,185 @@
+"""A thin, typed wrapper over llama.cpp's low-level C API (llama-cpp-python's ctypes).
+
+Only the scheduler thread touches a `LlamaRunner`; tokenize/detokenize are
+read-only on the vocabulary and safe from any thread.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from dataclasses import dataclass
+
+import llama_cpp as ll
+import numpy as np
+
+from redline.errors import InvalidRequest
+from redline.types import Message
+
+_BACKEND_READY = False
+
+
+def _quiet_logs() -> None:
+    global _BACKEND_READY
+    if _BACKEND_READY:
+        return
+
+    @ll.llama_log_callback
+    def _drop(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
+        return None
+
+    # keep a reference: ctypes callbacks must outlive their registration
+    _quiet_logs.callback = _drop  # type: ignore[attr-defined]
+    ll.llama_log_set(_drop, ctypes.c_void_p())
+    ll.llama_backend_init()
+    _BACKEND_READY = True
+
+
+@dataclass(frozen=True)
+class BatchEntry:
+    """One token to feed: its sequence, position, and whether we need its logits."""
+
+    token: int
+    pos: int
+    seq_id: int
+    logits: bool
+
+
+class LlamaModel:
+    """Model weights + vocabulary: tokenize, detokenize, chat template."""
+
+    def __init__(self, path: str, chat_template: str = "auto") -> None:
+        _quiet_logs()
+        params = ll.llama_model_default_params()
+        params.n_gpu_layers = 0
+        self.path = path
+        self.model = ll.llama_model_load_from_file(path.encode(), params)
+        if not self.model:
+            raise FileNotFoundError(f"llama.cpp could not load {path}")
+        self.vocab = ll.llama_model_get_vocab(self.model)
+        self.n_vocab = ll.llama_vocab_n_tokens(self.vocab)
+        self.n_ctx_train = ll.llama_model_n_ctx_train(self.model)
+        self.add_bos = bool(ll.llama_vocab_get_add_bos(self.vocab))
+        self._template = self._resolve_template(chat_template)
+
+    def _resolve_template(self, choice: str) -> bytes | None:
+        if choice != "auto":
+            return choice.encode()
+        tmpl = ll.llama_model_chat_template(self.model, None)
+        return tmpl if tmpl else None
+
+    @property
+    def has_chat_template(self) -> bool:
+        return self._template is not None
+
+    def is_eog(self, token: int) -> bool:
+        return bool(ll.llama_vocab_is_eog(self.vocab, token))
+
+    def tokenize(self, text: str, add_special: bool = True, parse_special: bool = True) -> list[int]:
+        data = text.encode("utf-8")
+        cap = len(data) + 8
+        buf = (ll.llama_token * cap)()
+        n = ll.llama_tokenize(self.vocab, data, len(data), buf, cap, add_special, parse_special)
+        if n < 0:  # buffer too small: -n is the size needed
+            cap = -n
+            buf = (ll.llama_token * cap)()
+            n = ll.llama_tokenize(self.vocab, data, len(data), buf, cap, add_special, parse_special)
+        return list(buf[:n])
+
+    def piece(self, token: int) -> bytes:
+        buf = ctypes.create_string_buffer(64)
+        n = ll.llama_token_to_piece(self.vocab, token, buf, 64, 0, False)
+        if n < 0:
+            buf = ctypes.create_string_buffer(-n)
+            n = ll.llama_token_to_piece(self.vocab, token, buf, -n, 0, False)
+        return buf.raw[:n]
+
+    def render_chat(self, messages: tuple[Message, ...]) -> str:
+        """Apply the chat template and open the assistant turn."""
+        if self._template is None:
+            raise InvalidRequest(
+                "this model has no chat template; use /v1/completions", param="model"
+            )
+        arr = (ll.llama_chat_message * len(messages))()
+        keep = []  # the C structs borrow these bytes
+        for i, m in enumerate(messages):
+            role, content = m.role.encode(), m.content.encode()
+            keep += [role, content]
+            arr[i].role = role
+            arr[i].content = content
+        size = 4096 + sum(len(m.content) * 2 for m in messages)
+        buf = ctypes.create_string_buffer(size)
+        n = ll.llama_chat_apply_template(self._template, arr, len(messages), True, buf, size)
+        if n > size:
+            buf = ctypes.create_string_buffer(n)
+            n = ll.llama_chat_apply_template(self._template, arr, len(messages), True, buf, n)
+        if n < 0:
+            raise InvalidRequest(f"chat template {self._template!r} is not supported", param="model")
+        return buf.raw[:n].decode("utf-8", errors="replace")
+
+    def close(self) -> None:
+        if self.model:
+            ll.llama_model_free(self.model)
+            self.model = None
+
+
+class LlamaRunner:
+    """One llama.cpp context with `n_seq_max` sequences over one unified KV buffer,
+    so that sequences can share cells (prefix reuse is a metadata copy)."""
+
+    def __init__(self, model: LlamaModel, n_ctx_per_seq: int, n_seq_max: int, n_batch: int,
+                 n_threads: int) -> None:
+        self.model = model
+        self.n_seq_max = n_seq_max
+        self.n_batch = n_batch
+        params = ll.llama_context_default_params()
+        params.n_ctx = n_ctx_per_seq * n_seq_max
+        params.n_batch = n_batch
+        params.n_ubatch = n_batch
+        params.n_seq_max = n_seq_max
+        threads = n_threads or os.cpu_count() or 1
+        params.n_threads = threads
+        params.n_threads_batch = threads
+        params.kv_unified = True
+        params.swa_full = True  # partial removal from SWA caches needs the full cache
+        params.no_perf = True
+        self.ctx = ll.llama_init_from_model(model.model, params)
+        if not self.ctx:
+            raise RuntimeError("llama.cpp could not create a context")
+        self.n_ctx = ll.llama_n_ctx(self.ctx)
+        self.mem = ll.llama_get_memory(self.ctx)
+        self._batch = ll.llama_batch_init(n_batch, 0, 1)
+
+    def decode(self, entries: list[BatchEntry]) -> None:
+        """Run one forward pass; entries with logits=True can then be sampled by index."""
+        b = self._batch
+        for i, e in enumerate(entries):
+            b.token[i] = e.token
+            b.pos[i] = e.pos
+            b.n_seq_id[i] = 1
+            b.seq_id[i][0] = e.seq_id
+            b.logits[i] = 1 if e.logits else 0
+        b.n_tokens = len(entries)
+        rc = ll.llama_decode(self.ctx, b)
+        if rc != 0:
+            raise RuntimeError(f"llama_decode failed with {rc} (KV cache full?)")
+
+    def logits(self, index: int) -> np.ndarray:
+        """Logits of batch entry `index`: [n_vocab] float32, a view valid until the next decode."""
+        ptr = ll.llama_get_logits_ith(self.ctx, index)
+        return np.ctypeslib.as_array(ptr, shape=(self.model.n_vocab,))
+
+    def seq_remove(self, seq_id: int, p0: int = -1, p1: int = -1) -> bool:
+        return bool(ll.llama_memory_seq_rm(self.mem, seq_id, p0, p1))
+
+    def seq_copy(self, src: int, dst: int, p0: int, p1: int) -> None:
+        ll.llama_memory_seq_cp(self.mem, src, dst, p0, p1)
+
+    def clear(self) -> None:
+        ll.llama_memory_clear(self.mem, True)
+
+    def close(self) -> None:
+        if self.ctx:
+            ll.llama_batch_free(self._batch)
+            ll.llama_free(self.ctx)
+            self.ctx = None

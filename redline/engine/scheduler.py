@@ -1,0 +1,168 @@
+"""Continuous batching with prefix reuse.
+
+Each step the scheduler builds one llama.cpp batch of at most `n_batch` tokens:
+first one token for every decoding sequence (so running streams never stall),
+then prompt chunks of sequences in prefill, admitting waiting ones while a slot
+is free. A finished or cancelled sequence leaves at the next step.
+
+Prefix reuse: a slot (llama.cpp sequence id) keeps the KV of its last tokens after
+its sequence leaves. A new prompt takes the free slot whose cached tokens share the
+longest prefix with it, or copies the shared prefix from a running sequence
+(`seq_cp`: cells are shared in the unified KV buffer, nothing is recomputed).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+from redline.engine.llama import BatchEntry
+from redline.engine.sequence import SeqState, Sequence
+
+
+@dataclass
+class Slot:
+    seq_id: int
+    tokens: list[int] = field(default_factory=list)  # what its KV holds, in order
+    owner: Sequence | None = None
+    last_used: float = 0.0
+
+
+@dataclass
+class KVOps:
+    """Cache edits to apply before the batch: (src, dst, p0, p1) copies, (seq, p0) removals."""
+
+    removals: list[tuple[int, int]] = field(default_factory=list)
+    copies: list[tuple[int, int, int, int]] = field(default_factory=list)
+
+
+@dataclass
+class ScheduledBatch:
+    entries: list[BatchEntry]
+    # (sequence, batch index of its logits) for sequences that sample this step
+    samplers: list[tuple[Sequence, int]]
+    # (sequence, tokens fed this step) to append to its slot once the decode succeeds
+    fed: list[tuple[Sequence, list[int]]]
+    kv: KVOps
+
+
+def common_prefix(a: list[int], b: list[int]) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+class Scheduler:
+    def __init__(self, n_seq_max: int, n_batch: int, prefix_reuse: bool = True) -> None:
+        self.slots = [Slot(i) for i in range(n_seq_max)]
+        self.n_batch = n_batch
+        self.prefix_reuse = prefix_reuse
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+
+    def add(self, seq: Sequence) -> None:
+        self.waiting.append(seq)
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def reap_cancelled(self) -> list[Sequence]:
+        """Drop cancelled sequences (waiting or running); returns them."""
+        gone = [s for s in self.running if s.cancelled] + [s for s in self.waiting if s.cancelled]
+        for seq in gone:
+            self.finish(seq)
+        return gone
+
+    def finish(self, seq: Sequence) -> None:
+        if seq in self.running:
+            self.running.remove(seq)
+        elif seq in self.waiting:
+            self.waiting.remove(seq)
+        seq.state = SeqState.FINISHED
+        if seq.slot is not None:
+            slot = self.slots[seq.slot]
+            slot.owner = None
+            slot.last_used = time.perf_counter()
+            seq.sampler.close()
+
+    def schedule(self) -> ScheduledBatch:
+        entries: list[BatchEntry] = []
+        samplers: list[tuple[Sequence, int]] = []
+        fed: list[tuple[Sequence, list[int]]] = []
+        kv = KVOps()
+        # 1. decode: one token for each sequence past its prompt
+        for seq in self.running:
+            if seq.in_prefill:
+                continue
+            token = seq.output[-1]
+            samplers.append((seq, len(entries)))
+            entries.append(BatchEntry(token, seq.n_fed, seq.slot, True))  # type: ignore[arg-type]
+            fed.append((seq, [token]))
+        # 2. admit waiting sequences while a slot is free
+        while self.waiting and any(s.owner is None for s in self.slots):
+            seq = self.waiting.popleft()
+            self._place(seq, kv)
+            self.running.append(seq)
+        # 3. prefill: prompt chunks, oldest first, within the token budget
+        for seq in self.running:
+            budget = self.n_batch - len(entries)
+            if budget <= 0:
+                break
+            if not seq.in_prefill:
+                continue
+            if seq.scheduled_at is None:
+                seq.scheduled_at = time.perf_counter()
+            start = seq.n_fed
+            chunk = seq.prompt[start : start + budget]
+            last = start + len(chunk) == len(seq.prompt)
+            for i, token in enumerate(chunk):
+                want = last and i == len(chunk) - 1
+                if want:
+                    samplers.append((seq, len(entries)))
+                entries.append(BatchEntry(token, start + i, seq.slot, want))  # type: ignore[arg-type]
+            fed.append((seq, chunk))
+        return ScheduledBatch(entries, samplers, fed, kv)
+
+    def _place(self, seq: Sequence, kv: KVOps) -> None:
+        """Give `seq` a free slot, reusing the longest cached prefix we have."""
+        free = [s for s in self.slots if s.owner is None]
+        limit = len(seq.prompt) - 1  # the last prompt token must run to give logits
+        best_free, best_free_n = min(free, key=lambda s: s.last_used), 0
+        best_busy, best_busy_n = None, 0
+        if self.prefix_reuse:
+            for slot in self.slots:
+                n = min(common_prefix(slot.tokens, seq.prompt), limit)
+                if slot.owner is None and n > best_free_n:
+                    best_free, best_free_n = slot, n
+                elif slot.owner is not None and n > best_busy_n:
+                    best_busy, best_busy_n = slot, n
+        slot = best_free
+        if best_busy is not None and best_busy_n > best_free_n:
+            kv.removals.append((slot.seq_id, 0))
+            kv.copies.append((best_busy.seq_id, slot.seq_id, 0, best_busy_n))
+            slot.tokens = seq.prompt[:best_busy_n]
+        else:
+            kv.removals.append((slot.seq_id, best_free_n))
+            del slot.tokens[best_free_n:]
+        slot.owner = seq
+        seq.slot = slot.seq_id
+        seq.n_fed = seq.reused = len(slot.tokens)
+        seq.state = SeqState.RUNNING
+
+    def commit(self, batch: ScheduledBatch) -> None:
+        """The decode ran: the fed tokens are now in the KV cache."""
+        for seq, tokens in batch.fed:
+            seq.n_fed += len(tokens)
+            self.slots[seq.slot].tokens.extend(tokens)  # type: ignore[index]
+
+    def evict_free(self) -> list[int]:
+        """Forget the cached KV of every free slot (when the cache is full)."""
+        ids = []
+        for slot in self.slots:
+            if slot.owner is None and slot.tokens:
+                slot.tokens = []
+                ids.append(slot.seq_id)
+        return ids

@@ -1,0 +1,173 @@
+"""The way of one request, assembled in one place:
+
+    resolve model → backend.stream() → measured chunks
+
+`Pipeline.complete()` returns once the first chunk is there (so that errors found
+before generation become proper HTTP errors), with the rest as an async iterator.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from redline.backends.base import Backend
+from redline.errors import ModelNotFound, RedlineError
+from redline.telemetry.metrics import Metrics
+from redline.types import Chunk, GenerationRequest, StageTimings, Usage
+
+log = logging.getLogger(__name__)
+
+AUTO = "auto"
+
+
+@dataclass
+class Completion:
+    """A completion in flight: what serves it, and its chunks (the first one included)."""
+
+    request: GenerationRequest
+    model: str
+    tier: str
+    cache: str
+    chunks: AsyncIterator[Chunk]
+    timings: StageTimings = field(default_factory=StageTimings)
+    usage: Usage | None = None
+    finish_reason: str | None = None
+    status: str = "200"  # "200", "499" (client left), "500"
+    ttft_s: float | None = None
+    output_tokens: int = 0
+    text: list[str] = field(default_factory=list)  # the answer, for observers that store it
+
+
+class Observer(Protocol):
+    """Told about every completion that ended (cache store, long-tail log, experiments)."""
+
+    def on_finish(self, completion: Completion) -> None: ...
+
+
+class Pipeline:
+    def __init__(self, backends: Mapping[str, Backend], default_model: str, metrics: Metrics) -> None:
+        self.backends = dict(backends)
+        self.default_model = default_model
+        self.metrics = metrics
+        self.observers: list[Observer] = []
+        self.ready = False
+
+    async def start(self) -> None:
+        await asyncio.gather(*(b.start() for b in self.backends.values()))
+        for name in self.backends:
+            self.metrics.backend_up.labels(name).set(1)
+        self.ready = True
+
+    async def close(self) -> None:
+        self.ready = False
+        await asyncio.gather(*(b.close() for b in self.backends.values()), return_exceptions=True)
+
+    def model_names(self) -> list[str]:
+        return list(self.backends)
+
+    def resolve(self, name: str) -> str:
+        if name == AUTO:
+            return self.default_model
+        if name not in self.backends:
+            raise ModelNotFound(f"The model `{name}` does not exist.", param="model")
+        return name
+
+    async def complete(self, request: GenerationRequest) -> Completion:
+        model = self.resolve(request.model)
+        tier = request.tier or "S"
+        backend = self.backends[model]
+        completion = Completion(request, model, tier, "miss", chunks=_empty())
+        stream = backend.stream(request).__aiter__()
+        self.metrics.inflight.inc()
+        try:
+            first = await stream.__anext__()
+        except StopAsyncIteration:
+            first = Chunk(finish_reason="stop")
+        except RedlineError as exc:
+            self.metrics.inflight.dec()
+            self.metrics.requests.labels(f"{exc.status}").inc()
+            raise
+        except BaseException:
+            self.metrics.inflight.dec()
+            self.metrics.requests.labels("500").inc()
+            raise
+        completion.chunks = self._measured(completion, first, stream)
+        self._absorb(completion, first)
+        return completion
+
+    def _absorb(self, completion: Completion, chunk: Chunk) -> None:
+        if chunk.timings is not None:
+            for stage, dt in chunk.timings.seconds.items():
+                completion.timings.seconds[stage] = dt
+        if chunk.usage is not None:
+            completion.usage = chunk.usage
+        if chunk.finish_reason is not None:
+            completion.finish_reason = chunk.finish_reason
+
+    async def _measured(self, completion: Completion, first: Chunk,
+                        rest: AsyncIterator[Chunk]) -> AsyncIterator[Chunk]:
+        req = completion.request
+        labels = (completion.tier, completion.model, completion.cache)
+        ttft = time.perf_counter() - req.arrival
+        self.metrics.ttft.labels(*labels).observe(ttft)
+        completion.ttft_s = ttft
+        status = "200"
+        tokens = first.tokens
+        completion.text.append(first.text)
+        try:
+            yield first
+            if first.finish_reason is None:
+                async for chunk in rest:
+                    tokens += chunk.tokens
+                    self._absorb(completion, chunk)
+                    completion.text.append(chunk.text)
+                    yield chunk
+                    if chunk.finish_reason is not None:
+                        break
+            if completion.finish_reason == "error":
+                status = "500"
+        except (GeneratorExit, asyncio.CancelledError):
+            status = "499"  # the client went away
+            raise
+        finally:
+            await _aclose(rest)
+            self.metrics.inflight.dec()
+            e2e = time.perf_counter() - req.arrival
+            completion.timings.seconds["total"] = e2e
+            completion.status = status
+            completion.output_tokens = tokens
+            self.metrics.requests.labels(status).inc()
+            if status == "200":
+                self.metrics.e2e.labels(*labels).observe(e2e)
+                if tokens > 1:
+                    self.metrics.tpot.labels(*labels).observe((e2e - ttft) / (tokens - 1))
+                self.metrics.output_tokens.labels(completion.model).inc(tokens)
+                for stage, dt in completion.timings.seconds.items():
+                    self.metrics.stage.labels(stage).observe(dt)
+                if "queue" in completion.timings.seconds:
+                    self.metrics.queue.labels(completion.model).observe(
+                        completion.timings.seconds["queue"])
+            for observer in self.observers:
+                try:
+                    observer.on_finish(completion)
+                except Exception:  # an observer must never break a response
+                    log.exception("observer %r failed", observer)
+
+
+async def _aclose(it: AsyncIterator[Chunk]) -> None:
+    close = getattr(it, "aclose", None)
+    if close is not None:
+        try:
+            await close()
+        except RuntimeError:  # already running in another task; it will stop itself
+            pass
+
+
+async def _empty() -> AsyncIterator[Chunk]:
+    return
+    yield  # pragma: no cover

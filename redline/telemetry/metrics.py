@@ -1,0 +1,47 @@
+"""Prometheus metrics (names in DESIGN.md). One `Metrics` per app, on its own
+registry, so that two servers in one process (tests) never share counters."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+# fine below 300 ms, where cache hits and first tokens of small models live
+LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.25, 0.3,
+                   0.4, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0, 20.0, 60.0)
+TOKEN_BUCKETS = (0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.05, 0.075, 0.1, 0.2,
+                 0.5, 1.0)
+LABELS = ("tier", "model", "cache")
+
+
+class Metrics:
+    def __init__(self) -> None:
+        r = self.registry = CollectorRegistry()
+        self.ttft = Histogram("redline_time_to_first_token_seconds", "Time to first token",
+                              LABELS, buckets=LATENCY_BUCKETS, registry=r)
+        self.tpot = Histogram("redline_time_per_output_token_seconds",
+                              "Mean time per output token after the first", LABELS,
+                              buckets=TOKEN_BUCKETS, registry=r)
+        self.e2e = Histogram("redline_e2e_request_latency_seconds", "Whole request latency",
+                             LABELS, buckets=LATENCY_BUCKETS, registry=r)
+        self.queue = Histogram("redline_queue_time_seconds", "Time waiting for an engine slot",
+                               ("model",), buckets=LATENCY_BUCKETS, registry=r)
+        self.stage = Histogram("redline_stage_seconds", "Time per pipeline stage", ("stage",),
+                               buckets=LATENCY_BUCKETS, registry=r)
+        self.requests = Counter("redline_requests_total", "Requests by outcome", ("status",),
+                                registry=r)
+        self.output_tokens = Counter("redline_output_tokens_total", "Generated tokens", ("model",),
+                                     registry=r)
+        self.cache_lookups = Counter("redline_cache_lookups_total", "Response cache lookups",
+                                     ("result",), registry=r)
+        self.slo_violations = Counter("redline_slo_violations_total",
+                                      "Requests over their tier's budget", ("tier",), registry=r)
+        self.stream_interruptions = Counter("redline_stream_interruptions_total",
+                                            "Streams whose client went away", registry=r)
+        self.stream_resumes = Counter("redline_stream_resumes_total", "Streams resumed",
+                                      registry=r)
+        self.backend_up = Gauge("redline_backend_up", "1 when a backend is serving", ("backend",),
+                                registry=r)
+        self.inflight = Gauge("redline_requests_in_flight", "Requests being served", registry=r)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,100 @@
+"""Typed values that cross stage boundaries: a request in, chunks out.
+
+Every stage of the pipeline (api → routing → cache → backend → streams) passes
+these, never loose dicts.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Literal
+
+Tier = Literal["S", "A", "B"]
+FinishReason = Literal["stop", "length", "cancelled", "error"]
+
+STAGES = ("queue", "cache", "route", "tokenize", "prefill", "decode", "detokenize", "total")
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:24]}"
+
+
+@dataclass(frozen=True)
+class Message:
+    role: str
+    content: str
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """Per-request sampling. temperature 0 means greedy."""
+
+    max_tokens: int = 256
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    stop: tuple[str, ...] = ()
+    seed: int | None = None
+    ignore_eos: bool = False
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature <= 0.0
+
+
+@dataclass
+class GenerationRequest:
+    """One completion to produce. Either `messages` (chat) or `prompt` (text)."""
+
+    model: str
+    sampling: SamplingParams
+    messages: tuple[Message, ...] | None = None
+    prompt: str | None = None
+    id: str = field(default_factory=lambda: new_id("req"))
+    tier: Tier | None = None
+    tenant: str = "anonymous"
+    arrival: float = field(default_factory=time.perf_counter)
+
+    @property
+    def is_chat(self) -> bool:
+        return self.messages is not None
+
+
+@dataclass
+class StageTimings:
+    """Seconds spent per stage for one request; only stages that happened are set."""
+
+    seconds: dict[str, float] = field(default_factory=dict)
+
+    def add(self, stage: str, dt: float) -> None:
+        self.seconds[stage] = self.seconds.get(stage, 0.0) + dt
+
+    def server_timing(self) -> str:
+        """The `Server-Timing` header value, in milliseconds, in pipeline order."""
+        parts = [f"{s};dur={self.seconds[s] * 1000:.2f}" for s in STAGES if s in self.seconds]
+        return ", ".join(parts)
+
+
+@dataclass(frozen=True)
+class Usage:
+    prompt_tokens: int
+    completion_tokens: int
+
+    @property
+    def total_tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+
+@dataclass
+class Chunk:
+    """A piece of generated text. The last chunk of a stream has `finish_reason` set,
+    and carries `usage` and the backend's stage `timings`."""
+
+    text: str = ""
+    tokens: int = 0  # output tokens this chunk covers
+    finish_reason: FinishReason | None = None
+    usage: Usage | None = None
+    timings: StageTimings | None = None
+    error: str | None = None
