@@ -54,7 +54,9 @@ class GenerationRequest:
     prompt: str | None = None
     id: str = field(default_factory=lambda: new_id("req"))
     tier: Tier | None = None
-    tenant: str = "anonymous"
+    tenant: str = "anonymous"  # API key scope: caches and limits never cross it
+    use_cache: bool = True  # False for `Cache-Control: no-cache` or body "cache": false
+    user: str | None = None  # OpenAI's end-user id (A/B assignment is sticky on it)
     arrival: float = field(default_factory=time.perf_counter)
 
     @property

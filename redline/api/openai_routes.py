@@ -11,6 +11,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from redline.api import sse
 from redline.api.schemas import ChatCompletionRequest, CompletionRequest
+from redline.errors import InvalidRequest
 from redline.pipeline import AUTO, Completion, Pipeline
 from redline.types import Chunk, new_id
 
@@ -26,7 +27,14 @@ def _tenant(request: Request) -> str:
 
 
 def _tier(request: Request, body_tier: str | None) -> str | None:
-    return request.headers.get("x-redline-tier") or body_tier
+    tier = request.headers.get("x-redline-tier") or body_tier
+    if tier is not None and tier not in ("S", "A", "B", "auto"):
+        raise InvalidRequest("X-Redline-Tier must be one of S, A, B, auto", param="tier")
+    return tier
+
+
+def _no_cache(request: Request) -> bool:
+    return "no-cache" in request.headers.get("cache-control", "").lower()
 
 
 def _headers(c: Completion, request_id: str) -> dict[str, str]:
@@ -50,13 +58,13 @@ async def list_models(request: Request) -> dict[str, Any]:
 
 @router.post("/v1/chat/completions", response_model=None)
 async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
-    gen = body.to_generation(_tier(request, body.tier), _tenant(request))
+    gen = body.to_generation(_tier(request, body.tier), _tenant(request), _no_cache(request))
     return await _serve(request, gen_kind="chat", body=body, gen=gen)
 
 
 @router.post("/v1/completions", response_model=None)
 async def completions(body: CompletionRequest, request: Request) -> Response:
-    gen = body.to_generation(_tier(request, body.tier), _tenant(request))
+    gen = body.to_generation(_tier(request, body.tier), _tenant(request), _no_cache(request))
     return await _serve(request, gen_kind="text", body=body, gen=gen)
 
 

@@ -91,7 +91,7 @@ class ChatCompletionRequest(_SamplingFields):
     messages: list[ChatMessage] = Field(..., min_length=1)
     max_completion_tokens: int | None = Field(None, ge=1)
 
-    def to_generation(self, tier: str | None, tenant: str) -> GenerationRequest:
+    def to_generation(self, tier: str | None, tenant: str, no_cache: bool = False) -> GenerationRequest:
         messages = tuple(Message("system" if m.role == "developer" else m.role, m.text())
                          for m in self.messages)
         return GenerationRequest(
@@ -100,6 +100,8 @@ class ChatCompletionRequest(_SamplingFields):
             sampling=self.sampling(self.max_completion_tokens or self.max_tokens),
             tier=_tier(tier),
             tenant=tenant,
+            use_cache=self.cache is not False and not no_cache,
+            user=self.user,
         )
 
 
@@ -107,7 +109,7 @@ class CompletionRequest(_SamplingFields):
     prompt: str | list[str] = Field(...)
     echo: bool = False
 
-    def to_generation(self, tier: str | None, tenant: str) -> GenerationRequest:
+    def to_generation(self, tier: str | None, tenant: str, no_cache: bool = False) -> GenerationRequest:
         prompt = self.prompt
         if isinstance(prompt, list):
             if len(prompt) != 1:
@@ -119,6 +121,8 @@ class CompletionRequest(_SamplingFields):
             sampling=self.sampling(self.max_tokens or 16),
             tier=_tier(tier),
             tenant=tenant,
+            use_cache=self.cache is not False and not no_cache,
+            user=self.user,
         )
 
 
