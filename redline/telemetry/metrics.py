@@ -1,9 +1,24 @@
 """Prometheus metrics (names in DESIGN.md). One `Metrics` per app, on its own
-registry, so that two servers in one process (tests) never share counters."""
+registry, so that two servers in one process (tests) never share counters.
+
+`Metrics(enabled=False)` (config `telemetry.metrics: false`) hands out no-op metrics:
+every `.labels(...).observe(...)` on the hot path becomes two attribute lookups and
+a call that does nothing, and nothing is registered or scraped."""
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from typing import Any
+
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    ProcessCollector,
+    generate_latest,
+)
+
+from redline.telemetry.hardware import Hardware, HardwareCollector
 
 # fine below 300 ms, where cache hits and first tokens of small models live
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.25, 0.3,
@@ -11,11 +26,39 @@ LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.
 TOKEN_BUCKETS = (0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.05, 0.075, 0.1, 0.2,
                  0.5, 1.0)
 LABELS = ("tier", "model", "cache")
+OFF_TEXT = b"# redline: metrics are off (telemetry.metrics: false)\n"
+
+
+class _Noop:
+    """Stands in for a Counter, Gauge or Histogram (and their children) when metrics are off."""
+
+    def labels(self, *_: Any, **__: Any) -> _Noop:
+        return self
+
+    def observe(self, *_: Any) -> None:
+        return None
+
+    def inc(self, *_: Any) -> None:
+        return None
+
+    def dec(self, *_: Any) -> None:
+        return None
+
+    def set(self, *_: Any) -> None:
+        return None
+
+
+_NOOP = _Noop()
 
 
 class Metrics:
-    def __init__(self) -> None:
+    def __init__(self, enabled: bool = True, hardware: Hardware | None = None) -> None:
+        self.enabled = enabled
+        self.hardware = hardware or Hardware()
         r = self.registry = CollectorRegistry()
+        if not enabled:
+            self._noop()
+            return
         self.ttft = Histogram("redline_time_to_first_token_seconds", "Time to first token",
                               LABELS, buckets=LATENCY_BUCKETS, registry=r)
         self.tpot = Histogram("redline_time_per_output_token_seconds",
@@ -39,9 +82,26 @@ class Metrics:
                                             "Streams whose client went away", registry=r)
         self.stream_resumes = Counter("redline_stream_resumes_total", "Streams resumed",
                                       registry=r)
+        self.jobs = Gauge("redline_jobs", "Jobs by status", ("status",), registry=r)
         self.backend_up = Gauge("redline_backend_up", "1 when a backend is serving", ("backend",),
                                 registry=r)
         self.inflight = Gauge("redline_requests_in_flight", "Requests being served", registry=r)
+        # sampled at scrape time, never on the request path
+        r.register(HardwareCollector(self.hardware))
+        ProcessCollector(registry=r)
+
+    def _noop(self) -> None:
+        for name in ("ttft", "tpot", "e2e", "queue", "stage", "requests", "output_tokens",
+                     "cache_lookups", "slo_violations", "stream_interruptions", "stream_resumes",
+                     "jobs", "backend_up", "inflight"):
+            setattr(self, name, _NOOP)
+
+    def value(self, name: str, labels: dict[str, str] | None = None) -> float:
+        """A sample's current value (0 when absent or when metrics are off)."""
+        found = self.registry.get_sample_value(name, labels or {})
+        return found if found is not None else 0.0
 
     def render(self) -> bytes:
+        if not self.enabled:
+            return OFF_TEXT
         return generate_latest(self.registry)
