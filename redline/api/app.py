@@ -11,11 +11,12 @@ from pathlib import Path
 
 from fastapi import FastAPI
 
-from redline.api import errors, openai_routes, ops_routes
+from redline.api import errors, openai_routes, ops_routes, stream_routes
 from redline.api.middleware import BodyLimit, ReadyGate
 from redline.backends.base import Backend
 from redline.config import ModelConfig, RedlineConfig
 from redline.pipeline import Pipeline
+from redline.streams import StreamManager
 from redline.telemetry.metrics import Metrics
 
 log = logging.getLogger(__name__)
@@ -48,6 +49,7 @@ def create_app(config: RedlineConfig, backends: Mapping[str, Backend] | None = N
         finally:
             app.state.draining = True
             app.state.loader.cancel()
+            await app.state.streams.close()
             await pipeline.close()
 
     app = FastAPI(title="redline", version="0.1.0", lifespan=lifespan,
@@ -57,10 +59,14 @@ def create_app(config: RedlineConfig, backends: Mapping[str, Backend] | None = N
     app.state.metrics = metrics
     app.state.draining = False
     app.state.started_at = time.time()
+    app.state.streams = StreamManager(config.streams, metrics,
+                                      store=lambda: getattr(app.state, "store", None))
+    pipeline.observers.append(app.state.streams.history)
     errors.install(app)
 
     app.include_router(ops_routes.router)
     app.include_router(openai_routes.router)
+    app.include_router(stream_routes.router)
     app.add_middleware(ReadyGate, is_ready=lambda: pipeline.ready and not app.state.draining,
                        why=lambda: "draining" if app.state.draining else "the models are still loading")
     app.add_middleware(BodyLimit, limit=config.server.max_body_bytes)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -13,6 +14,7 @@ from redline.api import sse
 from redline.api.schemas import ChatCompletionRequest, CompletionRequest
 from redline.errors import InvalidRequest
 from redline.pipeline import AUTO, Completion, Pipeline
+from redline.streams import Progress, StreamManager
 from redline.types import Chunk, new_id
 
 router = APIRouter()
@@ -79,8 +81,13 @@ async def _serve(request: Request, *, gen_kind: str, body: Any, gen: Any) -> Res
         headers = _headers(completion, request_id) | {
             "X-Redline-Stream-Id": stream_id, "Cache-Control": "no-cache",
             "X-Accel-Buffering": "no"}
-        events = _sse(completion, shape, stream_id, body.include_usage)
-        return StreamingResponse(events, media_type="text/event-stream", headers=headers)
+        # generation runs in its own task (journalled, resumable); this response only reads
+        streams: StreamManager = request.app.state.streams
+        progress = streams.progress(gen, completion.model, completion.tier)
+        live = streams.start(stream_id, _sse(completion, shape, stream_id, body.include_usage,
+                                             progress))
+        return StreamingResponse(streams.follow(live), media_type="text/event-stream",
+                                 headers=headers)
     text = []
     async for chunk in completion.chunks:
         text.append(chunk.text)
@@ -88,8 +95,8 @@ async def _serve(request: Request, *, gen_kind: str, body: Any, gen: Any) -> Res
     return JSONResponse(payload, headers=_headers(completion, request_id))
 
 
-async def _sse(c: Completion, shape: _Shape, stream_id: str,
-               include_usage: bool) -> AsyncIterator[bytes]:
+async def _sse(c: Completion, shape: _Shape, stream_id: str, include_usage: bool,
+               progress: Progress | None = None) -> AsyncIterator[bytes]:
     seq = 0
 
     def ev(data: dict[str, Any] | str) -> bytes:
@@ -97,24 +104,38 @@ async def _sse(c: Completion, shape: _Shape, stream_id: str,
         seq += 1
         return sse.event(stream_id, seq, data)
 
+    def advanced(tokens: int) -> dict[str, Any] | None:
+        return None if progress is None else {"progress": progress.advance(tokens)}
+
     try:
         if isinstance(shape, _ChatShape):
-            yield ev(shape.delta({"role": "assistant", "content": ""}, None, include_usage))
+            yield ev(shape.delta({"role": "assistant", "content": ""}, None, include_usage,
+                                 redline=advanced(0)))
         async for chunk in c.chunks:
             if chunk.finish_reason == "error":
                 yield ev({"error": {"message": chunk.error or "generation failed",
                                     "type": "server_error", "param": None, "code": None}})
                 break
             if chunk.text:
-                yield ev(shape.piece(chunk.text, None, include_usage))
+                yield ev(shape.piece(chunk.text, None, include_usage, redline=advanced(chunk.tokens)))
+            elif progress is not None:
+                progress.advance(chunk.tokens)
             if chunk.finish_reason is not None:
-                yield ev(shape.piece("", chunk.finish_reason, include_usage,
-                                     redline={"timings": _ms(c)}))
+                last: dict[str, Any] = {"timings": _ms(c)}
+                if progress is not None:
+                    last["progress"] = progress.finish()
+                yield ev(shape.piece("", chunk.finish_reason, include_usage, redline=last))
         if include_usage and c.usage is not None:
             yield ev(shape.usage_chunk(c))
     except Exception as exc:  # a failure after streaming began: an error event, then DONE
         yield ev({"error": {"message": f"generation failed: {type(exc).__name__}",
                             "type": "server_error", "param": None, "code": None}})
+    finally:
+        # abandoned (closed early): close the chunks now, which frees the engine sequence
+        close = getattr(c.chunks, "aclose", None)
+        if close is not None:
+            with contextlib.suppress(RuntimeError):
+                await close()
     yield ev(sse.DONE)
 
 

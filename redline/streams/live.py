@@ -1,0 +1,63 @@
+"""The in-process side of one stream: the events produced so far, and a condition
+that readers wait on. The producer appends; HTTP responses only read, each from its
+own position, so any number of them (the first client, its resumes) can follow."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+
+
+class LiveStream:
+    def __init__(self, stream_id: str) -> None:
+        self.id = stream_id
+        self.events: list[bytes] = []  # event seq N at index N-1
+        self.done = False  # no more events will come
+        self.aborted = False  # ended early: nobody came back within the grace period
+        self.readers = 0
+        self.left_at: float | None = None  # when the last reader went away
+        self.cond = asyncio.Condition()
+        self.producer: asyncio.Task[None] | None = None
+        self.grace: asyncio.Task[None] | None = None
+
+    async def push(self, event: bytes) -> None:
+        async with self.cond:
+            self.events.append(event)
+            self.cond.notify_all()
+
+    async def end(self, aborted: bool = False) -> None:
+        async with self.cond:
+            self.done = True
+            self.aborted = aborted
+            self.cond.notify_all()
+
+    async def read(self, after: int) -> AsyncIterator[bytes]:
+        """Events with seq > `after`, as they come, until the stream is done."""
+        i = after
+        while True:
+            async with self.cond:
+                while i >= len(self.events) and not self.done:
+                    await self.cond.wait()
+                batch = self.events[i:]
+                done = self.done
+            for event in batch:
+                i += 1
+                yield event
+            if done and i >= len(self.events):
+                return
+
+    def join(self) -> None:
+        self.readers += 1
+        self.left_at = None
+        if self.grace is not None:
+            self.grace.cancel()
+            self.grace = None
+
+    def leave(self) -> bool:
+        """Returns True when that was the last reader."""
+        self.readers -= 1
+        if self.readers == 0:
+            self.left_at = time.monotonic()
+            return True
+        return False

@@ -1,0 +1,217 @@
+"""Streams decoupled from HTTP connections.
+
+    POST /v1/chat/completions ─► start(): a producer task runs the encoded events
+        ├─► LiveStream (this process; readers wait on its condition)
+        └─► Journal (the store; other replicas and finished streams read it)
+    every response ─► follow(): reads from a seq on, never touches generation
+
+When the last reader of an unfinished stream goes away, generation goes on for
+`resume_grace_s`; if nobody resumes by then (here, or on another replica that
+shares the store) the producer is cancelled, which closes the chunk iterator and
+frees the engine sequence, and the journal is dropped (a late resume gets 404).
+With `resume_grace_s = 0` a disconnect cancels at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import time
+from collections.abc import AsyncIterator, Callable
+
+from typing import cast
+
+from redline.config import StreamsConfig
+from redline.errors import NotFound
+from redline.store.base import Store, StoreUnavailable
+from redline.streams.history import LengthHistory
+from redline.streams.journal import Journal, is_done
+from redline.streams.live import LiveStream
+from redline.streams.local_store import LocalJournalStore
+from redline.streams.progress import Progress
+from redline.telemetry.metrics import Metrics
+from redline.types import GenerationRequest
+
+log = logging.getLogger(__name__)
+
+READER_TTL_S = 3.0  # a remote follower refreshes its mark every READER_TTL_S / 3
+POLL_MIN_S, POLL_MAX_S = 0.002, 0.05  # journal polling backoff for remote followers
+
+
+class StreamManager:
+    def __init__(self, cfg: StreamsConfig, metrics: Metrics,
+                 store: Callable[[], Store | None] = lambda: None) -> None:
+        self.cfg = cfg
+        self.metrics = metrics
+        self._store = store  # resolved late: the app opens its store in the lifespan
+        self._fallback: Store | None = None
+        self.owner = f"{os.uname().nodename}:{os.getpid()}:{id(self):x}"
+        self.live: dict[str, LiveStream] = {}
+        self.history = LengthHistory()  # the app adds it to the pipeline's observers
+
+    @property
+    def journal(self) -> Journal:
+        store = self._store()
+        if store is None:
+            if self._fallback is None:
+                self._fallback = cast(Store, LocalJournalStore())
+            store = self._fallback
+        return Journal(store, self.cfg.journal_ttl_s)
+
+    def progress(self, request: GenerationRequest, model: str, tier: str) -> Progress | None:
+        """The progress tracker for a stream about to start (None when turned off)."""
+        if not self.cfg.progress:
+            return None
+        return Progress(self.history.predict(request, model, tier))
+
+    # ---- producing ------------------------------------------------------------
+    def start(self, stream_id: str, events: AsyncIterator[bytes]) -> LiveStream:
+        """Run `events` (the encoded SSE events of one completion) to the end, or until
+        abandoned. Returns at once; read it with `follow`."""
+        live = LiveStream(stream_id)
+        self.live[stream_id] = live
+        live.producer = asyncio.create_task(self._produce(live, events), name=f"stream {stream_id}")
+        return live
+
+    async def _produce(self, live: LiveStream, events: AsyncIterator[bytes]) -> None:
+        journal = self.journal
+        journaled: bool | None = None  # opened on the first event, after it went live
+        aborted = True
+        try:
+            async for event in events:
+                await live.push(event)
+                if journaled is None:
+                    journaled = await journal.open(live.id, self.owner)
+                if journaled:
+                    journaled = await journal.append(live.id, event)
+            aborted = False
+        except asyncio.CancelledError:
+            pass  # abandoned (grace over) or shutting down
+        except Exception:  # the event source guards itself; this is a bug, not user input
+            log.exception("stream %s: producer failed", live.id)
+        finally:
+            with contextlib.suppress(Exception):
+                await _aclose(events)  # frees the engine sequence if still running
+            await live.end(aborted=aborted)
+            if aborted:
+                await journal.drop(live.id)
+            elif journaled:
+                await journal.finish(live.id, self.owner)
+            # finished: later resumes replay from the journal; without a working
+            # journal, keep the live copy until the journal TTL would have run out
+            if aborted or journaled:
+                self.live.pop(live.id, None)
+            else:
+                asyncio.get_running_loop().call_later(
+                    self.cfg.journal_ttl_s, self.live.pop, live.id, None)
+
+    # ---- reading --------------------------------------------------------------
+    async def open(self, stream_id: str, after: int) -> AsyncIterator[bytes]:
+        """A resume: the events after `after`, then live ones, then [DONE].
+        Raises NotFound for an unknown, expired or abandoned stream."""
+        live = self.live.get(stream_id)
+        if live is None or live.aborted:
+            try:
+                known = await self.journal.exists(stream_id)
+            except StoreUnavailable:
+                known = False
+            if not known:
+                raise NotFound(f"No stream with id '{stream_id}' (unknown, expired or abandoned).",
+                               param="stream_id")
+        self.metrics.stream_resumes.inc()
+        if live is not None:
+            return self.follow(live, after)
+        return self._follow_journal(stream_id, after)
+
+    async def follow(self, live: LiveStream, after: int = 0) -> AsyncIterator[bytes]:
+        """Follow a stream of this process. Leaving early (the client went away)
+        starts the grace period when it was the last reader."""
+        live.join()
+        finished = False
+        try:
+            async for event in live.read(after):
+                yield event
+            finished = True
+        finally:
+            last = live.leave()
+            if not finished and not live.done:
+                self.metrics.stream_interruptions.inc()
+            if last and not live.done:
+                self._abandon(live)
+
+    def _abandon(self, live: LiveStream) -> None:
+        if self.cfg.resume_grace_s <= 0:
+            if live.producer is not None:
+                live.producer.cancel()
+            return
+        live.grace = asyncio.create_task(self._grace(live), name=f"grace {live.id}")
+
+    async def _grace(self, live: LiveStream) -> None:
+        """Cancel the producer once nobody has read for `resume_grace_s`, counting
+        followers on other replicas (their mark in the store)."""
+        grace = self.cfg.resume_grace_s
+        last_seen = time.monotonic()
+        journal = self.journal
+        while True:
+            await asyncio.sleep(max(0.0, min(grace, READER_TTL_S / 3, last_seen + grace - time.monotonic())))
+            if live.done or live.readers:
+                return
+            if await journal.has_reader(live.id):
+                last_seen = time.monotonic()
+            elif time.monotonic() - last_seen >= grace:
+                break
+        log.info("stream %s: nobody resumed within %.1f s, aborting", live.id, grace)
+        if live.producer is not None:
+            live.producer.cancel()
+
+    async def _follow_journal(self, stream_id: str, after: int) -> AsyncIterator[bytes]:
+        """Follow a stream produced by another replica through the shared journal,
+        until its [DONE] event (or until it stalls or is dropped)."""
+        journal = self.journal
+        seq = after
+        poll = POLL_MIN_S
+        last_event = last_mark = time.monotonic()
+        await journal.mark_reader(stream_id, READER_TTL_S)
+        finished = False
+        try:
+            while True:
+                events = await journal.read(stream_id, seq)
+                now = time.monotonic()
+                for event in events:
+                    seq += 1
+                    yield event
+                    if is_done(event):
+                        finished = True
+                        return
+                if events:
+                    poll, last_event = POLL_MIN_S, now
+                    continue
+                if now - last_mark >= READER_TTL_S / 3:
+                    last_mark = now
+                    await journal.mark_reader(stream_id, READER_TTL_S)
+                    if not await journal.exists(stream_id):
+                        return  # abandoned by its producer
+                if now - last_event > self.cfg.follow_stall_s:
+                    log.warning("stream %s: no event for %.0f s, giving up", stream_id,
+                                self.cfg.follow_stall_s)
+                    return
+                await asyncio.sleep(poll)
+                poll = min(POLL_MAX_S, poll * 2)
+        finally:
+            if not finished:
+                self.metrics.stream_interruptions.inc()
+
+    async def close(self) -> None:
+        """Shutting down: abort what is still generating."""
+        tasks = [live.producer for live in self.live.values() if live.producer is not None]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def _aclose(it: AsyncIterator[bytes]) -> None:
+    close = getattr(it, "aclose", None)
+    if close is not None:
+        await close()
