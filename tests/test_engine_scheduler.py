@@ -1,0 +1,146 @@
+"""Scheduler tests with made-up sequences: no model (the way vLLM tests its scheduler)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from redline.engine.scheduler import Scheduler, common_prefix
+from redline.engine.sequence import Sequence, SeqState
+from redline.types import SamplingParams
+
+
+@pytest.fixture
+def loop():
+    loop = asyncio.new_event_loop()
+    yield loop
+    loop.close()
+
+
+def make(loop, prompt, sid="s"):
+    return Sequence(sid, list(prompt), SamplingParams(max_tokens=4, temperature=0), lambda c: None, loop)
+
+
+def run_step(sched, sampled=7):
+    """Schedule, pretend the decode ran, and append a token to each sampling sequence."""
+    batch = sched.schedule()
+    sched.commit(batch)
+    for seq, _ in batch.samplers:
+        seq.output.append(sampled)
+    return batch
+
+
+def test_common_prefix():
+    assert common_prefix([1, 2, 3], [1, 2, 4]) == 2
+    assert common_prefix([], [1]) == 0
+
+
+def test_new_sequence_joins_running_batch_between_steps(loop):
+    s = Scheduler(n_seq_max=4, n_batch=64)
+    a = make(loop, range(10), "a")
+    s.add(a)
+    b1 = run_step(s)
+    assert [e.seq_id for e in b1.entries] == [a.slot] * 10  # a's prefill
+    b = make(loop, range(100, 105), "b")
+    s.add(b)
+    b2 = run_step(s)
+    # a decodes one token while b prefills, in the same batch
+    assert [e.seq_id for e in b2.entries].count(a.slot) == 1
+    assert [e.seq_id for e in b2.entries].count(b.slot) == 5
+    assert b2.entries[0].logits and b2.entries[0].seq_id == a.slot
+    assert {seq.id for seq, _ in b2.samplers} == {"a", "b"}
+
+
+def test_finished_sequence_leaves_and_frees_its_slot(loop):
+    s = Scheduler(n_seq_max=1, n_batch=64)
+    a, b = make(loop, [1, 2, 3], "a"), make(loop, [4, 5], "b")
+    s.add(a)
+    s.add(b)
+    run_step(s)
+    assert a.state is SeqState.RUNNING and b.state is SeqState.WAITING  # one slot only
+    s.finish(a)
+    batch = run_step(s)
+    assert b.state is SeqState.RUNNING and all(e.seq_id == b.slot for e in batch.entries)
+
+
+def test_cancelled_sequences_are_reaped_before_the_next_step(loop):
+    s = Scheduler(n_seq_max=2, n_batch=64)
+    a, b = make(loop, [1, 2, 3], "a"), make(loop, [4, 5, 6], "b")
+    s.add(a)
+    s.add(b)
+    run_step(s)
+    a.cancel()
+    assert s.reap_cancelled() == [a]
+    batch = run_step(s)
+    assert all(e.seq_id == b.slot for e in batch.entries)
+    assert s.slots[a.slot].owner is None
+
+
+def test_chunked_prefill_respects_token_budget_and_decodes_first(loop):
+    s = Scheduler(n_seq_max=2, n_batch=8)
+    a = make(loop, range(3), "a")
+    s.add(a)
+    run_step(s)
+    long = make(loop, range(50, 70), "long")
+    s.add(long)
+    batch = run_step(s)
+    assert len(batch.entries) == 8
+    assert batch.entries[0].seq_id == a.slot  # decode first
+    assert long.n_fed == 7 and long.in_prefill
+    assert all(seq.id != "long" for seq, _ in batch.samplers)  # no logits mid-prompt
+
+
+def test_prefix_reuse_takes_the_free_slot_with_the_longest_shared_prefix(loop):
+    s = Scheduler(n_seq_max=3, n_batch=64)
+    system = list(range(40))
+    a = make(loop, system + [100, 101], "a")
+    s.add(a)
+    run_step(s)
+    s.finish(a)
+    b = make(loop, system + [200, 201, 202], "b")
+    s.add(b)
+    batch = s.schedule()
+    assert b.slot == a.slot
+    assert b.reused == 40 and b.n_fed == 40
+    assert batch.kv.removals == [(b.slot, 40)]  # drop only what differs
+    assert len(batch.entries) == 3  # only the new suffix is computed
+
+
+def test_prefix_reuse_copies_from_a_running_sequence(loop):
+    s = Scheduler(n_seq_max=3, n_batch=64)
+    system = list(range(30))
+    a = make(loop, system + [1], "a")
+    s.add(a)
+    run_step(s)
+    b = make(loop, system + [2, 3], "b")
+    s.add(b)
+    batch = s.schedule()
+    assert b.slot != a.slot
+    assert (a.slot, b.slot, 0, 30) in batch.kv.copies
+    assert b.reused == 30
+
+
+def test_whole_prompt_cached_still_recomputes_last_token_for_logits(loop):
+    s = Scheduler(n_seq_max=2, n_batch=64)
+    a = make(loop, [5, 6, 7, 8], "a")
+    s.add(a)
+    run_step(s)
+    s.finish(a)
+    b = make(loop, [5, 6, 7, 8], "b")
+    s.add(b)
+    batch = s.schedule()
+    assert b.reused == 3
+    assert [e.token for e in batch.entries] == [8] and batch.entries[0].logits
+
+
+def test_prefix_reuse_off_recomputes_everything(loop):
+    s = Scheduler(n_seq_max=2, n_batch=64, prefix_reuse=False)
+    a = make(loop, list(range(20)), "a")
+    s.add(a)
+    run_step(s)
+    s.finish(a)
+    b = make(loop, list(range(20)) + [99], "b")
+    s.add(b)
+    batch = s.schedule()
+    assert b.reused == 0 and len(batch.entries) == 21
