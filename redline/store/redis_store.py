@@ -1,0 +1,86 @@
+"""`RedisStore`: state shared by every replica (redis.asyncio).
+
+Each protocol method is one round trip; the ones that set a TTL alongside a write use a
+MULTI/EXEC pipeline so the TTL can never be lost between two commands. Connection and
+timeout failures become `StoreUnavailable`, so callers can fail open.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+import redis.asyncio as aioredis
+from redis.exceptions import RedisError
+
+from redline.store.base import StoreUnavailable
+
+T = TypeVar("T")
+
+
+def _ms(ttl: float) -> int:
+    return max(1, int(ttl * 1000))
+
+
+class RedisStore:
+    def __init__(self, url: str) -> None:
+        self.url = url
+        # URL query parameters (e.g. ?socket_timeout=5) win over these defaults
+        self._r = aioredis.Redis.from_url(url, socket_connect_timeout=2.0, socket_timeout=2.0,
+                                          health_check_interval=30)
+
+    async def _call(self, aw: Awaitable[T]) -> T:
+        try:
+            return await aw
+        except RedisError as exc:
+            raise StoreUnavailable(f"redis store: {type(exc).__name__}: {exc}") from exc
+
+    async def _tx(self, build: Callable[[Any], object]) -> list[Any]:
+        """Run the commands that `build` queues on a MULTI/EXEC pipeline."""
+        pipe = self._r.pipeline(transaction=True)
+        build(pipe)
+        return await self._call(pipe.execute())
+
+    async def get(self, key: str) -> bytes | None:
+        return await self._call(self._r.get(key))  # type: ignore[no-any-return]
+
+    async def set(self, key: str, value: bytes, ttl: float | None = None) -> None:
+        await self._call(self._r.set(key, value, px=None if ttl is None else _ms(ttl)))
+
+    async def delete(self, key: str) -> None:
+        await self._call(self._r.delete(key))
+
+    async def incr(self, key: str, amount: int = 1, ttl: float | None = None) -> int:
+        if ttl is None:
+            return int(await self._call(self._r.incrby(key, amount)))
+        # create with the TTL only if absent, then add: the TTL is set exactly once
+        out = await self._tx(lambda p: p.set(key, b"0", px=_ms(ttl), nx=True).incrby(key, amount))
+        return int(out[-1])
+
+    async def append(self, key: str, value: bytes, ttl: float | None = None) -> int:
+        if ttl is None:
+            return int(await self._call(self._r.rpush(key, value)))  # type: ignore[misc]
+        out = await self._tx(lambda p: p.rpush(key, value).pexpire(key, _ms(ttl)))
+        return int(out[0])
+
+    async def range(self, key: str, start: int = 0) -> list[bytes]:
+        return list(await self._call(self._r.lrange(key, max(start, 0), -1)))  # type: ignore[arg-type]
+
+    async def hset(self, key: str, field: str, value: bytes, ttl: float | None = None) -> None:
+        if ttl is None:
+            await self._call(self._r.hset(key, field, value))  # type: ignore[arg-type]
+        else:
+            await self._tx(lambda p: p.hset(key, field, value).pexpire(key, _ms(ttl)))
+
+    async def hgetall(self, key: str) -> dict[str, bytes]:
+        raw = await self._call(self._r.hgetall(key))  # type: ignore[arg-type]
+        return {k.decode(): v for k, v in raw.items()}
+
+    async def hdel(self, key: str, field: str) -> None:
+        await self._call(self._r.hdel(key, field))  # type: ignore[arg-type]
+
+    async def ping(self) -> bool:
+        return bool(await self._call(self._r.ping()))  # type: ignore[arg-type]
+
+    async def close(self) -> None:
+        await self._r.aclose()
