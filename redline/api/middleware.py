@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -10,12 +11,13 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from redline.errors import NotReady, PayloadTooLarge, RedlineError
 
 
-async def send_error(send: Send, err: RedlineError, close: bool = False) -> None:
+async def send_error(send: Send, err: RedlineError, close: bool = False,
+                     headers: list[tuple[bytes, bytes]] | None = None) -> None:
     body = json.dumps(err.to_dict()).encode()
     headers = [(b"content-type", b"application/json"),
-               (b"content-length", str(len(body)).encode())]
+               (b"content-length", str(len(body)).encode()), *(headers or ())]
     if err.retry_after is not None:
-        headers.append((b"retry-after", str(max(1, round(err.retry_after))).encode()))
+        headers.append((b"retry-after", str(max(1, math.ceil(err.retry_after))).encode()))
     if close:
         headers.append((b"connection", b"close"))
     await send({"type": "http.response.start", "status": err.status, "headers": headers})
@@ -51,33 +53,29 @@ class BodyLimit:
                 await self._reject(send)
                 return
         seen = 0
-        started = False
+        rejected = False
 
         async def guarded_receive() -> Message:
-            nonlocal seen
+            # over the limit: answer 413 ourselves, and tell the app the client left
+            # (frameworks turn exceptions raised while reading the body into a 400)
+            nonlocal seen, rejected
+            if rejected:
+                return {"type": "http.disconnect"}
             message = await receive()
             if message["type"] == "http.request":
                 seen += len(message.get("body", b""))
                 if seen > self.limit:
-                    raise _BodyTooLarge
+                    rejected = True
+                    await self._reject(send)
+                    return {"type": "http.disconnect"}
             return message
 
-        async def tracking_send(message: Message) -> None:
-            nonlocal started
-            if message["type"] == "http.response.start":
-                started = True
-            await send(message)
+        async def guarded_send(message: Message) -> None:
+            if not rejected:
+                await send(message)
 
-        try:
-            await self.app(scope, guarded_receive, tracking_send)
-        except _BodyTooLarge:
-            if not started:
-                await self._reject(send)
+        await self.app(scope, guarded_receive, guarded_send)
 
     async def _reject(self, send: Send) -> None:
         err = PayloadTooLarge(f"Request body is larger than the limit of {self.limit} bytes.")
         await send_error(send, err, close=True)
-
-
-class _BodyTooLarge(Exception):
-    pass
