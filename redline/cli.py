@@ -31,9 +31,8 @@ def _serve_args(p: argparse.ArgumentParser) -> None:
 
 @command("serve", "run the server")(_serve_args)
 def serve(args: argparse.Namespace) -> int:
-    import uvicorn
-
     from redline.api.app import create_app
+    from redline.api.server import run
 
     overrides = {}
     cfg = load_config(args.config)
@@ -45,8 +44,8 @@ def serve(args: argparse.Namespace) -> int:
     logging.basicConfig(level=cfg.server.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     app = create_app(cfg)
-    uvicorn.run(app, host=cfg.server.host, port=cfg.server.port, log_level=cfg.server.log_level,
-                access_log=False, timeout_graceful_shutdown=30)
+    # header/body timeouts, connection cap, drain on SIGTERM (cfg.limits)
+    run(app, cfg.server.host, cfg.server.port, cfg.limits, cfg.server.log_level)
     return 0
 
 

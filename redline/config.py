@@ -75,6 +75,68 @@ class StreamsConfig(_Section):
     progress: bool = Field(True, description="chunks carry redline.progress (tokens, expected, eta)")
 
 
+class ApiKey(_Section):
+    """One API key: its sha256 hex digest (the plain key is never stored) and a name,
+    which becomes the request's tenant. `rpm`/`tpm` override the defaults in `limits`."""
+
+    name: str = Field(..., min_length=1)
+    sha256: str = Field(..., pattern=r"^[0-9a-fA-F]{64}$")
+    rpm: int | None = Field(None, ge=1)
+    tpm: int | None = Field(None, ge=1)
+
+
+class AuthConfig(_Section):
+    keys: list[ApiKey] = Field(default_factory=list, description="none = open (the embedded default)")
+    protect_ops: bool = Field(False, description="/healthz, /readyz, /metrics need a key too")
+
+
+class LimitsConfig(_Section):
+    """Per-tenant rate limits (429 + Retry-After) and the slow-client guards."""
+
+    rpm: int | None = Field(None, ge=1, description="requests per minute per key; None = no limit")
+    tpm: int | None = Field(None, ge=1, description="tokens per minute per key; None = no limit")
+    window_s: int = Field(60, ge=1, description="the window rpm and tpm count over; 60 = per minute")
+    storage_url: str | None = Field(None, description="limits storage; None: redis when store.url "
+                                    "is redis://, else memory")
+    header_timeout_s: float = Field(10.0, gt=0, description="request headers complete by then")
+    body_timeout_s: float = Field(30.0, gt=0, description="request body read whole by then")
+    keep_alive_s: float = Field(5.0, gt=0, description="idle keep-alive connections closed after")
+    max_connections: int = Field(1024, ge=1, description="more open connections: 503 at once")
+    drain_timeout_s: float = Field(30.0, ge=0, description="SIGTERM: running requests get this long")
+
+
+class StoreConfig(_Section):
+    """Where shared state lives (caches, stream journals, jobs, limits): one store per app."""
+
+    url: str | None = Field(None, description="memory://, sqlite:///relative.db, "
+                            "sqlite:////absolute.db or redis://host:port/db; "
+                            "None: sqlite file redline.db under server.data_dir")
+
+    @field_validator("url")
+    @classmethod
+    def _scheme(cls, url: str | None) -> str | None:
+        if url is not None and url.split("://", 1)[0] not in (
+                "memory", "sqlite", "redis", "rediss", "unix"):
+            raise ValueError(f"store.url {url!r}: use memory://, sqlite:///…, redis://…")
+        return url
+
+
+class CacheConfig(_Section):
+    """The response cache: exact, then semantic (see redline/cache/)."""
+
+    enabled: bool = True
+    ttl_s: float = Field(86400.0, gt=0, description="a cached answer is served this long")
+    max_entries: int = Field(10000, ge=1, description="answers kept; the oldest go first")
+    semantic: bool = Field(True, description="also serve answers to paraphrased questions")
+    similarity_threshold: float = Field(0.86, ge=0.0, le=1.0,
+                                        description="cosine similarity a semantic hit needs")
+    guard: bool = Field(True, description="refuse semantic hits whose questions differ in numbers, "
+                        "names, negation or opposite words")
+    cache_sampled: bool = Field(False, description="also cache requests with temperature > 0")
+    embedder_path: str | None = Field(None, description="sentence-transformers model dir; "
+                                      "None: the bundled all-MiniLM-L6-v2")
+
+
 class TelemetryConfig(_Section):
     metrics: bool = True
 
@@ -89,6 +151,8 @@ class RedlineConfig(BaseSettings):
     default_model: str | None = None
     streams: StreamsConfig = StreamsConfig()
     telemetry: TelemetryConfig = TelemetryConfig()
+    auth: AuthConfig = AuthConfig()
+    limits: LimitsConfig = LimitsConfig()
 
     @field_validator("models")
     @classmethod

@@ -7,6 +7,7 @@ writes it as OpenAI-shaped JSON: {"error": {"message", "type", "param", "code"}}
     ├── AuthenticationFailed        401 authentication_error
     ├── NotFound                    404 invalid_request_error
     │   └── ModelNotFound           404 code=model_not_found
+    ├── RequestTimeout              408 invalid_request_error (a client too slow to send)
     ├── PayloadTooLarge             413 invalid_request_error
     ├── RateLimited                 429 rate_limit_error (+ Retry-After)
     ├── Overloaded                  503 overloaded (+ Retry-After)
@@ -72,6 +73,12 @@ class NotFound(RedlineError):
 
 class ModelNotFound(NotFound):
     code = "model_not_found"
+
+
+class RequestTimeout(RedlineError):
+    status = 408
+    type = "invalid_request_error"
+    code = "request_timeout"
 
 
 class PayloadTooLarge(RedlineError):

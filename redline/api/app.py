@@ -12,7 +12,10 @@ from pathlib import Path
 from fastapi import FastAPI
 
 from redline.api import errors, openai_routes, ops_routes, stream_routes
-from redline.api.middleware import BodyLimit, ReadyGate
+from redline.api.auth import Auth, document
+from redline.api.limits import RateLimit, TenantLimiter
+from redline.api.middleware import BodyLimit, BodyTimeout, ReadyGate
+from redline.api.server import CountInflight, Inflight
 from redline.backends.base import Backend
 from redline.config import ModelConfig, RedlineConfig
 from redline.pipeline import Pipeline
@@ -51,6 +54,7 @@ def create_app(config: RedlineConfig, backends: Mapping[str, Backend] | None = N
             app.state.loader.cancel()
             await app.state.streams.close()
             await pipeline.close()
+            await app.state.limiter.close()
 
     app = FastAPI(title="redline", version="0.1.0", lifespan=lifespan,
                   description="Low-latency LLM serving layer, OpenAI-compatible.")
@@ -62,14 +66,23 @@ def create_app(config: RedlineConfig, backends: Mapping[str, Backend] | None = N
     app.state.streams = StreamManager(config.streams, metrics,
                                       store=lambda: getattr(app.state, "store", None))
     pipeline.observers.append(app.state.streams.history)
+    app.state.limiter = TenantLimiter(config.limits, config.auth.keys)
+    pipeline.observers.append(app.state.limiter)  # charges each answer's tokens
     errors.install(app)
 
     app.include_router(ops_routes.router)
     app.include_router(openai_routes.router)
     app.include_router(stream_routes.router)
+    # outermost last: BodyLimit → BodyTimeout → Auth → ReadyGate → RateLimit → CountInflight
+    app.state.inflight = Inflight()
+    app.add_middleware(CountInflight, inflight=app.state.inflight)
+    app.add_middleware(RateLimit, limiter=app.state.limiter)
     app.add_middleware(ReadyGate, is_ready=lambda: pipeline.ready and not app.state.draining,
                        why=lambda: "draining" if app.state.draining else "the models are still loading")
+    app.add_middleware(Auth, config=config.auth)
+    app.add_middleware(BodyTimeout, timeout=config.limits.body_timeout_s)
     app.add_middleware(BodyLimit, limit=config.server.max_body_bytes)
+    document(app, config.auth)
     return app
 
 

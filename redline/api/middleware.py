@@ -1,14 +1,17 @@
-"""ASGI middleware: request body cap (413 before the body is read whole)."""
+"""ASGI middleware: request body cap (413 before the body is read whole), body-read
+deadline (408 for a client that trickles its body), readiness gate."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 from collections.abc import Callable
 
+from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from redline.errors import NotReady, PayloadTooLarge, RedlineError
+from redline.errors import NotReady, PayloadTooLarge, RedlineError, RequestTimeout
 
 
 async def send_error(send: Send, err: RedlineError, close: bool = False,
@@ -79,3 +82,56 @@ class BodyLimit:
     async def _reject(self, send: Send) -> None:
         err = PayloadTooLarge(f"Request body is larger than the limit of {self.limit} bytes.")
         await send_error(send, err, close=True)
+
+
+class BodyTimeout:
+    """A request body must arrive whole within `timeout` seconds of the request's start.
+    uvicorn has no body-read timeout: a client that sends a byte every few seconds (the
+    slow-body attack) would hold a connection and a task forever. After the body is in,
+    `receive` is passed through untouched (it then waits for the client's disconnect)."""
+
+    def __init__(self, app: ASGIApp, timeout: float) -> None:
+        self.app, self.timeout = app, timeout
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.timeout
+        body_done = False
+        started = False
+
+        async def timed_receive() -> Message:
+            nonlocal body_done
+            if body_done:
+                return await receive()
+            try:
+                async with asyncio.timeout_at(deadline):
+                    message = await receive()
+            except TimeoutError:
+                raise _BodyTimedOut() from None
+            if message["type"] != "http.request" or not message.get("more_body", False):
+                body_done = True
+            return message
+
+        async def tracking_send(message: Message) -> None:
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+            await send(message)
+
+        try:
+            await self.app(scope, timed_receive, tracking_send)
+        except _BodyTimedOut:
+            if not started:
+                err = RequestTimeout(f"The request body was not received within {self.timeout:g} s.")
+                await send_error(send, err, close=True)
+
+
+class _BodyTimedOut(HTTPException):
+    """An HTTPException so that FastAPI's body reader re-raises it (it turns any other
+    error into a 400) and the app's handler answers 408 in the OpenAI shape."""
+
+    def __init__(self) -> None:
+        super().__init__(408, "The request body was not received in time.")

@@ -1,0 +1,126 @@
+"""API keys: `Authorization: Bearer <key>` checked against sha256 digests in the config.
+
+No keys configured means an open server (the embedded default). With keys, every /v1/*
+request needs a valid one (401 in the OpenAI shape otherwise) and the key's name becomes
+`request.state.tenant`, which scopes cached answers and rate limits. The plain keys are
+never stored: `redline.api.auth.digest(key)` gives the value to put in the config.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+from collections.abc import Sequence
+from typing import Any
+
+from fastapi import FastAPI
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from redline.api.middleware import send_error
+from redline.config import ApiKey, AuthConfig
+from redline.errors import AuthenticationFailed
+
+ANONYMOUS = "anonymous"
+# always reachable: the spec and its viewer describe how to authenticate
+OPEN_PATHS = ("/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc")
+OPS_PATHS = ("/healthz", "/readyz", "/metrics")
+
+
+def digest(key: str) -> str:
+    """The sha256 hex digest to store in `auth.keys[].sha256`.
+
+    >>> digest("sk-test")[:12]
+    'f3abf2a6cc4f'
+    """
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+class KeyRing:
+    """Digest → key entry. A lookup hashes the presented key once; the digest compare is
+    constant-time so a wrong key's timing tells nothing about the right ones."""
+
+    def __init__(self, keys: Sequence[ApiKey]) -> None:
+        self.by_digest = {k.sha256.lower(): k for k in keys}
+
+    def __bool__(self) -> bool:
+        return bool(self.by_digest)
+
+    def find(self, presented: str) -> ApiKey | None:
+        wanted = digest(presented)
+        found = None
+        for known, key in self.by_digest.items():
+            if hmac.compare_digest(known, wanted):
+                found = key
+        return found
+
+
+def bearer(headers: Sequence[tuple[bytes, bytes]]) -> str | None:
+    for name, value in headers:
+        if name == b"authorization":
+            scheme, _, token = value.decode("latin-1").partition(" ")
+            if scheme.lower() == "bearer" and token.strip():
+                return token.strip()
+            return None
+    return None
+
+
+class Auth:
+    """ASGI middleware: 401 without a valid key where one is needed; sets the tenant."""
+
+    def __init__(self, app: ASGIApp, config: AuthConfig) -> None:
+        self.app = app
+        self.keys = KeyRing(config.keys)
+        self.protect_ops = config.protect_ops
+
+    def _needs_key(self, path: str) -> bool:
+        if not self.keys or path in OPEN_PATHS:
+            return False
+        if path in OPS_PATHS:
+            return self.protect_ops
+        return path.startswith("/v1/") or path == "/v1"
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        state = scope.setdefault("state", {})
+        token = bearer(scope.get("headers", ()))
+        key = self.keys.find(token) if token and self.keys else None
+        if key is None and self._needs_key(scope["path"]):
+            if token is None:
+                msg = ("You didn't provide an API key. You need to provide your API key in an "
+                       "Authorization header using Bearer auth (i.e. Authorization: Bearer YOUR_KEY).")
+            else:
+                msg = "Incorrect API key provided."
+            await send_error(send, AuthenticationFailed(msg), headers=[(b"www-authenticate", b"Bearer")])
+            return
+        state["tenant"] = key.name if key is not None else ANONYMOUS
+        state["api_key"] = key
+        await self.app(scope, receive, send)
+
+
+def document(app: FastAPI, config: AuthConfig) -> None:
+    """Declare the bearer scheme in /openapi.json when keys are configured, so the spec
+    says what the server enforces."""
+    if not config.keys:
+        return
+    build = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is not None:
+            return app.openapi_schema
+        spec = build()
+        spec.setdefault("components", {}).setdefault("securitySchemes", {})["bearer"] = {
+            "type": "http", "scheme": "bearer"}
+        for path, ops in spec.get("paths", {}).items():
+            needs = path.startswith("/v1/") or (config.protect_ops and path in OPS_PATHS)
+            if needs:
+                for op in ops.values():
+                    op["security"] = [{"bearer": []}]
+        app.openapi_schema = spec
+        return spec
+
+    app.openapi = openapi  # type: ignore[method-assign]
+
+
+__all__ = ["ANONYMOUS", "Auth", "KeyRing", "digest", "document"]

@@ -1,0 +1,211 @@
+"""Per-tenant rate limits on requests and tokens per window, with the `limits` library.
+
+Requests are counted when they arrive (sliding-window counter: no burst at the window
+edge). Tokens are counted when a completion ends, from its real usage, on a fixed
+window: a fixed window's counter always adds the cost, so a request that overshoots
+still fills the window (a sliding counter refuses the add and the tenant would never
+be stopped). A request is admitted while its tenant's token window is not full.
+
+Counters live in memory, or in Redis when `limits.storage_url` (or `store.url`) is
+redis://, so replicas share them. The limiter fails open: if Redis errors, a breaker
+opens and this replica counts in memory until Redis answers again; a request is never
+refused because the counter store is down.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from limits import RateLimitItem, RateLimitItemPerSecond
+from limits.aio.strategies import (
+    FixedWindowRateLimiter,
+    RateLimiter,
+    SlidingWindowCounterRateLimiter,
+)
+from limits.storage import storage_from_string
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from redline.api.middleware import send_error
+from redline.config import ApiKey, LimitsConfig
+from redline.errors import RateLimited
+
+log = logging.getLogger(__name__)
+
+REDIS_TIMEOUT_S = 0.25  # a counter that takes longer than this is not worth waiting for
+BREAKER_TTL_S = 5.0
+
+
+@dataclass(frozen=True)
+class Quota:
+    rpm: int | None
+    tpm: int | None
+
+
+@dataclass(frozen=True)
+class Verdict:
+    allowed: bool
+    retry_after: float = 0.0
+    message: str = ""
+    headers: tuple[tuple[bytes, bytes], ...] = ()
+
+
+def storage_url(config: LimitsConfig, store_url: str | None) -> str:
+    url = config.storage_url or (store_url if store_url and store_url.startswith(("redis://",
+                                                                                 "rediss://")) else None)
+    if url is None or url.startswith("memory://"):
+        return "async+memory://"
+    return url if url.startswith("async+") else "async+" + url
+
+
+class _Counters:
+    """The two limiters over one storage."""
+
+    def __init__(self, url: str) -> None:
+        options: dict[str, Any] = {}
+        if "redis" in url:
+            options = {"implementation": "redispy", "socket_timeout": REDIS_TIMEOUT_S,
+                       "socket_connect_timeout": REDIS_TIMEOUT_S}
+        self.storage = storage_from_string(url, **options)
+        self.requests: RateLimiter = SlidingWindowCounterRateLimiter(self.storage)
+        self.tokens: RateLimiter = FixedWindowRateLimiter(self.storage)
+
+
+class TenantLimiter:
+    """Admission (`admit`) and token accounting (`charge`) for every tenant."""
+
+    def __init__(self, config: LimitsConfig, keys: Sequence[ApiKey], store_url: str | None = None) -> None:
+        self.window = config.window_s
+        self.default = Quota(config.rpm, config.tpm)
+        self.quotas = {k.name: Quota(k.rpm or config.rpm, k.tpm or config.tpm) for k in keys}
+        self.url = storage_url(config, store_url)
+        self.shared = _Counters(self.url)
+        self.local = self.shared if self.url == "async+memory://" else _Counters("async+memory://")
+        self.broken_until = 0.0
+        self.pending: set[asyncio.Task[None]] = set()
+
+    @property
+    def enabled(self) -> bool:
+        return any(q.rpm or q.tpm for q in (self.default, *self.quotas.values()))
+
+    def quota(self, tenant: str) -> Quota:
+        return self.quotas.get(tenant, self.default)
+
+    def _item(self, amount: int) -> RateLimitItem:
+        return RateLimitItemPerSecond(amount, self.window)
+
+    def _counters(self) -> _Counters:
+        return self.local if time.monotonic() < self.broken_until else self.shared
+
+    def _trip(self, exc: Exception) -> None:
+        if time.monotonic() >= self.broken_until:
+            log.warning("rate-limit store failed (%s); counting in memory for %.0f s",
+                        type(exc).__name__, BREAKER_TTL_S)
+        self.broken_until = time.monotonic() + BREAKER_TTL_S
+
+    async def admit(self, tenant: str) -> Verdict:
+        quota = self.quota(tenant)
+        if not (quota.rpm or quota.tpm):
+            return Verdict(True)
+        counters = self._counters()
+        try:
+            return await self._admit(counters, tenant, quota)
+        except Exception as exc:  # the counter store is down: fail open, count locally
+            if counters is self.local:
+                raise
+            self._trip(exc)
+            return await self._admit(self.local, tenant, quota)
+
+    async def _admit(self, c: _Counters, tenant: str, quota: Quota) -> Verdict:
+        headers: list[tuple[bytes, bytes]] = []
+        if quota.tpm:
+            item = self._item(quota.tpm)
+            stats = await c.tokens.get_window_stats(item, "tok", tenant)
+            headers += _headers("tokens", quota.tpm, stats.remaining, stats.reset_time)
+            if stats.remaining <= 0:
+                return _refused("tokens", quota.tpm, self.window, stats.reset_time, headers)
+        if quota.rpm:
+            item = self._item(quota.rpm)
+            if not await c.requests.hit(item, "req", tenant):
+                stats = await c.requests.get_window_stats(item, "req", tenant)
+                headers += _headers("requests", quota.rpm, 0, stats.reset_time)
+                return _refused("requests", quota.rpm, self.window, stats.reset_time, headers)
+            stats = await c.requests.get_window_stats(item, "req", tenant)
+            headers += _headers("requests", quota.rpm, stats.remaining, stats.reset_time)
+        return Verdict(True, headers=tuple(headers))
+
+    async def charge(self, tenant: str, tokens: int) -> None:
+        quota = self.quota(tenant)
+        if not quota.tpm or tokens <= 0:
+            return
+        counters = self._counters()
+        try:
+            await counters.tokens.hit(self._item(quota.tpm), "tok", tenant, cost=tokens)
+        except Exception as exc:
+            if counters is self.local:
+                raise
+            self._trip(exc)
+            await self.local.tokens.hit(self._item(quota.tpm), "tok", tenant, cost=tokens)
+
+    # -- a pipeline observer: charge each finished completion's tokens -----------------
+    def on_finish(self, completion: Any) -> None:
+        usage = completion.usage
+        tokens = usage.total_tokens if usage is not None else completion.output_tokens
+        task = asyncio.get_running_loop().create_task(self.charge(completion.request.tenant, tokens))
+        self.pending.add(task)
+        task.add_done_callback(self.pending.discard)
+
+    async def close(self) -> None:
+        if self.pending:
+            await asyncio.gather(*self.pending, return_exceptions=True)
+
+
+def _headers(kind: str, limit: int, remaining: int, reset_time: float) -> list[tuple[bytes, bytes]]:
+    # OpenAI's x-ratelimit-* headers; reset as seconds ("1.5s")
+    reset = max(0.0, reset_time - time.time())
+    return [(f"x-ratelimit-limit-{kind}".encode(), str(limit).encode()),
+            (f"x-ratelimit-remaining-{kind}".encode(), str(max(0, remaining)).encode()),
+            (f"x-ratelimit-reset-{kind}".encode(), f"{reset:.3g}s".encode())]
+
+
+def _refused(kind: str, limit: int, window: int, reset_time: float,
+             headers: list[tuple[bytes, bytes]]) -> Verdict:
+    wait = max(0.001, reset_time - time.time())
+    per = "min" if window == 60 else f"{window} s"
+    unit = "RPM" if kind == "requests" else "TPM"
+    msg = (f"Rate limit reached for {kind} per {per} ({unit}): Limit {limit}. "
+           f"Please try again in {wait:.3g}s.")
+    return Verdict(False, wait, msg, tuple(headers))
+
+
+class RateLimit:
+    """ASGI middleware: 429 + Retry-After on /v1/* when the tenant is over its quota;
+    OpenAI's x-ratelimit-* headers on the answers it lets through."""
+
+    def __init__(self, app: ASGIApp, limiter: TenantLimiter) -> None:
+        self.app, self.limiter = app, limiter
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or not scope["path"].startswith("/v1/") or not self.limiter.enabled:
+            await self.app(scope, receive, send)
+            return
+        tenant = scope.get("state", {}).get("tenant", "anonymous")
+        verdict = await self.limiter.admit(tenant)
+        if not verdict.allowed:
+            err = RateLimited(verdict.message, retry_after=verdict.retry_after)
+            await send_error(send, err, headers=list(verdict.headers))
+            return
+
+        async def with_headers(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                message = {**message, "headers": [*message.get("headers", ()), *verdict.headers]}
+            await send(message)
+
+        await self.app(scope, receive, with_headers)
+
+
+__all__ = ["Quota", "RateLimit", "TenantLimiter", "Verdict", "storage_url"]

@@ -1,0 +1,165 @@
+"""The HTTP server: uvicorn, hardened against slow clients, draining on SIGTERM.
+
+uvicorn alone has no header or body read timeout: a slowloris client that sends a
+header line every few seconds holds its connection forever. Here:
+- headers must be complete `header_timeout_s` after the connection opens (or after the
+  previous response on a keep-alive connection), else the connection is closed;
+- bodies must be whole `body_timeout_s` after the request starts (`BodyTimeout`, 408);
+- past `max_connections` open connections, a new one is answered 503 + Retry-After
+  in the OpenAI shape and closed (uvicorn's own `limit_concurrency` answers plain text);
+- SIGTERM drains: /readyz and new /v1/* requests answer 503 at once, running requests
+  and streams go on to their end for up to `drain_timeout_s`, then the server exits.
+  A second SIGTERM/SIGINT exits at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import signal
+import time
+from types import FrameType
+from typing import Any
+
+import h11
+import uvicorn
+from uvicorn.protocols.http.h11_impl import H11Protocol
+
+from redline.config import LimitsConfig
+from redline.errors import Overloaded
+
+log = logging.getLogger(__name__)
+
+
+class Inflight:
+    """How many /v1/* requests are being served (a stream counts until its last byte)."""
+
+    def __init__(self) -> None:
+        self.n = 0
+
+
+class CountInflight:
+    """ASGI middleware that keeps an `Inflight` count, for the drain."""
+
+    def __init__(self, app: Any, inflight: Inflight) -> None:
+        self.app, self.inflight = app, inflight
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http" or not scope["path"].startswith("/v1/"):
+            await self.app(scope, receive, send)
+            return
+        self.inflight.n += 1
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            self.inflight.n -= 1
+
+
+async def _overloaded(scope: Any, receive: Any, send: Any) -> None:
+    err = Overloaded("Too many open connections; retry shortly.", retry_after=1)
+    body = json.dumps(err.to_dict()).encode()
+    await send({"type": "http.response.start", "status": err.status,
+                "headers": [(b"content-type", b"application/json"), (b"retry-after", b"1"),
+                            (b"content-length", str(len(body)).encode()), (b"connection", b"close")]})
+    await send({"type": "http.response.body", "body": body})
+
+
+class GuardedH11(H11Protocol):
+    """uvicorn's h11 protocol plus a header deadline and a connection cap."""
+
+    header_timeout_s = 10.0
+    max_connections = 1024
+
+    _header_timer: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        if len(self.connections) > self.max_connections:
+            self.app = _overloaded  # this connection's request gets a 503, then it closes
+        self._arm()
+
+    def _arm(self) -> None:
+        self._disarm()
+        self._header_timer = self.loop.call_later(self.header_timeout_s, self._headers_late)
+
+    def _disarm(self) -> None:
+        if self._header_timer is not None:
+            self._header_timer.cancel()
+            self._header_timer = None
+
+    def _headers_late(self) -> None:
+        self._header_timer = None
+        # IDLE: no complete request line + headers yet (h11 buffers partial ones)
+        if self.conn.their_state is h11.IDLE and not self.transport.is_closing():
+            self.transport.close()
+
+    def handle_events(self) -> None:
+        super().handle_events()
+        if self.conn.their_state is not h11.IDLE:
+            self._disarm()
+
+    def on_response_complete(self) -> None:
+        if not self.transport.is_closing():
+            self._arm()  # the next request on this connection gets its own deadline
+        super().on_response_complete()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm()
+        super().connection_lost(exc)
+
+
+def protocol(limits: LimitsConfig) -> type[GuardedH11]:
+    return type("GuardedH11", (GuardedH11,), {"header_timeout_s": limits.header_timeout_s,
+                                              "max_connections": limits.max_connections})
+
+
+class DrainingServer(uvicorn.Server):
+    """The first SIGTERM/SIGINT starts a drain instead of closing the listeners: a load
+    balancer keeps getting 503 from /readyz (and new requests 503) while the running
+    ones finish; the server exits when none are left or at the drain deadline."""
+
+    def __init__(self, config: uvicorn.Config, app_state: Any, inflight: Inflight,
+                 drain_timeout_s: float) -> None:
+        super().__init__(config)
+        self.app_state, self.inflight, self.drain_timeout_s = app_state, inflight, drain_timeout_s
+        self.drain_started: float | None = None
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        if self.drain_started is None and sig in (signal.SIGTERM, signal.SIGINT):
+            self.drain_started = time.monotonic()
+            self.app_state.draining = True
+            log.info("signal %d: draining %d running request(s), at most %.0f s",
+                     sig, self.inflight.n, self.drain_timeout_s)
+            return
+        super().handle_exit(sig, frame)  # a second signal: exit now
+
+    async def on_tick(self, counter: int) -> bool:
+        if self.drain_started is not None:
+            waited = time.monotonic() - self.drain_started
+            if self.inflight.n == 0:
+                log.info("drained in %.1f s", waited)
+                return True
+            if waited >= self.drain_timeout_s:
+                log.warning("drain deadline: %d request(s) still running are cut", self.inflight.n)
+                return True
+        return await super().on_tick(counter)
+
+
+def build(app: Any, host: str, port: int, limits: LimitsConfig, log_level: str = "info") -> DrainingServer:
+    """A server for `app` (made by `create_app`, which installs `app.state.inflight`)."""
+    config = uvicorn.Config(
+        app, host=host, port=port, log_level=log_level, access_log=False,
+        http=protocol(limits), lifespan="on",
+        timeout_keep_alive=int(max(1, limits.keep_alive_s)),
+        # the drain already waited for running requests; what is left after it is cut
+        timeout_graceful_shutdown=1,
+    )
+    return DrainingServer(config, app.state, app.state.inflight, limits.drain_timeout_s)
+
+
+def run(app: Any, host: str, port: int, limits: LimitsConfig, log_level: str = "info") -> None:
+    build(app, host, port, limits, log_level).run()
+
+
+__all__ = ["CountInflight", "DrainingServer", "GuardedH11", "Inflight", "build", "protocol", "run"]
