@@ -46,16 +46,25 @@ class ModelConfig(_Section):
     size_rank: int = Field(1, description="1 = smallest; routing orders models by it")
     # openai: a remote OpenAI-compatible engine
     url: str | None = None
+    urls: list[str] = Field(default_factory=list, description="replicas of one model: a pool, "
+                            "least outstanding requests first (with `url`, if set)")
     upstream_model: str | None = None
     api_key: str | None = None
+    connect_timeout_s: float = Field(2.0, gt=0, description="to open a connection upstream")
+    ttft_timeout_s: float = Field(30.0, gt=0, description="upstream silent this long before "
+                                  "its first token: an error (retried)")
+    read_timeout_s: float = Field(60.0, gt=0, description="between two chunks once streaming")
 
     @model_validator(mode="after")
     def _source(self) -> ModelConfig:
         if self.backend == "local" and not (self.path or self.bundled):
             raise ValueError(f"model {self.name!r}: a local model needs `path` or `bundled`")
-        if self.backend == "openai" and not self.url:
-            raise ValueError(f"model {self.name!r}: an openai backend needs `url`")
+        if self.backend == "openai" and not (self.url or self.urls):
+            raise ValueError(f"model {self.name!r}: an openai backend needs `url` or `urls`")
         return self
+
+    def replica_urls(self) -> list[str]:
+        return ([self.url] if self.url else []) + [u for u in self.urls if u != self.url]
 
 
 def _default_models() -> list[ModelConfig]:
@@ -137,6 +146,51 @@ class CacheConfig(_Section):
                                       "None: the bundled all-MiniLM-L6-v2")
 
 
+class TierBudget(_Section):
+    """What a tier promises; None means no limit. `max_inflight` is its admission limit."""
+
+    ttft_s: float | None = Field(None, gt=0)
+    total_s: float | None = Field(None, gt=0)
+    max_inflight: int = Field(64, ge=1, description="more of this tier at once: 503 + Retry-After")
+
+
+def _default_tiers() -> dict[str, TierBudget]:
+    return {"S": TierBudget(ttft_s=1.0, total_s=3.0, max_inflight=128),
+            "A": TierBudget(ttft_s=3.0, max_inflight=64),
+            "B": TierBudget(max_inflight=32)}
+
+
+class RouteRule(_Section):
+    """Overrides the classifier: the first rule whose regex matches the last user message wins."""
+
+    match: str
+    tier: Literal["S", "A", "B"] | None = None
+    model: str | None = None
+
+
+class RoutingConfig(_Section):
+    mode: Literal["slo", "fcfs"] = Field(
+        "slo", description="fcfs: no tiers, planner, shedding or hedging (the baseline)")
+    tiers: dict[Literal["S", "A", "B"], TierBudget] = Field(default_factory=_default_tiers)
+    classifier: Literal["features", "embeddings", "off"] = Field(
+        "features", description="how `auto` picks tier and model class (off: tier S, default model)")
+    rules: list[RouteRule] = Field(default_factory=list)
+    fallbacks: dict[str, list[str]] = Field(default_factory=dict,
+                                            description="model -> models to try when it fails")
+    shed_at: dict[Literal["S", "A", "B"], float] = Field(
+        default_factory=lambda: {"B": 0.5, "A": 0.8, "S": 1.0},
+        description="shed a tier when requests in flight reach this share of max_inflight")
+    max_inflight: int = Field(256, ge=1, description="requests in flight, all tiers")
+    hedge: bool = Field(True, description="tier S: a second copy after the replica's p90 TTFT")
+    hedge_budget: float = Field(0.1, ge=0, le=1, description="hedges per request, at most")
+    hedge_min_delay_s: float = Field(0.02, ge=0)
+    retry_budget: float = Field(0.3, ge=0, description="retries per request, at most (token bucket)")
+    max_attempts: int = Field(5, ge=1, description="tries of one request, before its first token")
+    breaker_threshold: int = Field(5, ge=1, description="consecutive failures that open a breaker")
+    breaker_ttl_s: float = Field(10.0, gt=0, description="an open breaker tries again after this")
+    shorten: bool = Field(True, description="tier S: cap max_tokens so the answer fits its budget")
+
+
 class TelemetryConfig(_Section):
     metrics: bool = True
 
@@ -151,6 +205,7 @@ class RedlineConfig(BaseSettings):
     default_model: str | None = None
     streams: StreamsConfig = StreamsConfig()
     telemetry: TelemetryConfig = TelemetryConfig()
+    routing: RoutingConfig = RoutingConfig()
     auth: AuthConfig = AuthConfig()
     limits: LimitsConfig = LimitsConfig()
 

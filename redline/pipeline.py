@@ -16,7 +16,9 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from redline.backends.base import Backend
+from redline.config import RoutingConfig
 from redline.errors import ModelNotFound, RedlineError
+from redline.routing.router import Router
 from redline.telemetry.metrics import Metrics
 from redline.types import Chunk, GenerationRequest, StageTimings, Usage
 
@@ -50,15 +52,18 @@ class Observer(Protocol):
 
 
 class Pipeline:
-    def __init__(self, backends: Mapping[str, Backend], default_model: str, metrics: Metrics) -> None:
+    def __init__(self, backends: Mapping[str, Backend], default_model: str, metrics: Metrics,
+                 router: Router | None = None) -> None:
         self.backends = dict(backends)
         self.default_model = default_model
         self.metrics = metrics
+        # tiers, model choice, planner, hedging, retries, breakers, admission (routing/)
+        self.router = router or Router(self.backends, default_model, RoutingConfig(), metrics)
         self.observers: list[Observer] = []
         self.ready = False
 
     async def start(self) -> None:
-        await asyncio.gather(*(b.start() for b in self.backends.values()))
+        await asyncio.gather(self.router.start(), *(b.start() for b in self.backends.values()))
         for name in self.backends:
             self.metrics.backend_up.labels(name).set(1)
         self.ready = True
@@ -78,16 +83,9 @@ class Pipeline:
         return name
 
     async def complete(self, request: GenerationRequest) -> Completion:
-        model = self.resolve(request.model)
-        tier = request.tier or "S"
-        backend = self.backends[model]
-        completion = Completion(request, model, tier, "miss", chunks=_empty())
-        stream = backend.stream(request).__aiter__()
         self.metrics.inflight.inc()
         try:
-            first = await stream.__anext__()
-        except StopAsyncIteration:
-            first = Chunk(finish_reason="stop")
+            routed = await self.router.open(request)  # returns at the first chunk
         except RedlineError as exc:
             self.metrics.inflight.dec()
             self.metrics.requests.labels(f"{exc.status}").inc()
@@ -96,6 +94,9 @@ class Pipeline:
             self.metrics.inflight.dec()
             self.metrics.requests.labels("500").inc()
             raise
+        completion = Completion(request, routed.model, routed.tier, "miss", chunks=_empty())
+        completion.timings.add("route", routed.route_s)
+        first, stream = routed.first, routed.rest
         completion.chunks = self._measured(completion, first, stream)
         self._absorb(completion, first)
         return completion

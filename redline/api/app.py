@@ -19,6 +19,7 @@ from redline.api.server import CountInflight, Inflight
 from redline.backends.base import Backend
 from redline.config import ModelConfig, RedlineConfig
 from redline.pipeline import Pipeline
+from redline.routing.router import Router
 from redline.streams import StreamManager
 from redline.telemetry.metrics import Metrics
 
@@ -31,6 +32,10 @@ def build_backend(cfg: ModelConfig, models_dir: Path) -> Backend:
         from redline.backends.local import LocalBackend
 
         return LocalBackend(cfg, models_dir)
+    if cfg.backend == "openai":
+        from redline.backends.openai_compat import from_config
+
+        return from_config(cfg)  # a pool when it has several replica urls
     raise ValueError(f"backend {cfg.backend!r} is not available yet")
 
 
@@ -41,7 +46,8 @@ def create_app(config: RedlineConfig, backends: Mapping[str, Backend] | None = N
         models_dir = config.data_path("models", ".keep").parent
         backends = {m.name: build_backend(m, models_dir) for m in config.models}
     default = config.default_model if config.default_model in backends else next(iter(backends))
-    pipeline = Pipeline(backends, default, metrics)
+    pipeline = Pipeline(backends, default, metrics,
+                        router=Router(backends, default, config.routing, metrics))
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

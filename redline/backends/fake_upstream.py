@@ -1,0 +1,193 @@
+"""A fake OpenAI-compatible engine served over real HTTP, for tests and benchmarks of
+the remote backend, pools, hedging, breakers and the planner.
+
+It behaves like a capacity-limited engine (vLLM at its batch limit): at most
+`capacity` requests generate at once, the rest wait in FIFO order before their first
+token. TTFT and TPOT are drawn from configurable distributions, a share of requests
+fail, and it counts what it saw, including requests whose client went away
+(`cancelled`), at `GET /stats`.
+
+    python -m redline.backends.fake_upstream --port 9001 --ttft 0.1 --tpot 0.01 --capacity 8
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+
+@dataclass
+class Dist:
+    """A latency distribution: `base` seconds ± `jitter` (uniform), and with probability
+    `slow_p` a slow draw of `slow` seconds instead (the long tail)."""
+
+    base: float = 0.0
+    jitter: float = 0.0
+    slow_p: float = 0.0
+    slow: float = 0.0
+
+    def draw(self, rng: random.Random) -> float:
+        if self.slow_p and rng.random() < self.slow_p:
+            return self.slow
+        return max(0.0, self.base + (rng.uniform(-self.jitter, self.jitter) if self.jitter else 0.0))
+
+
+@dataclass
+class UpstreamSpec:
+    ttft: Dist = field(default_factory=Dist)
+    tpot: Dist = field(default_factory=Dist)
+    prefill_per_token: float = 0.0  # added to TTFT per prompt word
+    capacity: int = 1_000_000  # requests generating at once; the rest queue
+    fail_rate: float = 0.0  # answered with 500 before any token
+    max_tokens_cap: int | None = None
+    seed: int = 0
+
+
+@dataclass
+class Stats:
+    requests: int = 0
+    completed: int = 0
+    failed: int = 0
+    cancelled: int = 0
+    active: int = 0
+    max_active: int = 0
+
+
+def create_upstream(spec: UpstreamSpec, name: str = "fake-upstream") -> Starlette:
+    rng = random.Random(spec.seed)
+    slots = asyncio.Semaphore(spec.capacity)
+    stats = Stats()
+
+    async def models(_: Request) -> Response:
+        return JSONResponse({"object": "list", "data": [{"id": name, "object": "model"}]})
+
+    async def stats_route(_: Request) -> Response:
+        return JSONResponse(asdict(stats))
+
+    async def reset(_: Request) -> Response:
+        for k in asdict(stats):
+            setattr(stats, k, 0)
+        return JSONResponse({"ok": True})
+
+    async def chat(request: Request) -> Response:
+        return await _generate(request, chat=True)
+
+    async def text(request: Request) -> Response:
+        return await _generate(request, chat=False)
+
+    async def _generate(request: Request, chat: bool) -> Response:
+        body = await request.json()
+        stats.requests += 1
+        if spec.fail_rate and rng.random() < spec.fail_rate:
+            stats.failed += 1
+            return JSONResponse({"error": {"message": "injected failure", "type": "server_error",
+                                           "param": None, "code": None}}, status_code=500)
+        n = int(body.get("max_tokens") or body.get("max_completion_tokens") or 16)
+        if spec.max_tokens_cap:
+            n = min(n, spec.max_tokens_cap)
+        words = _prompt_words(body, chat)
+        ttft = spec.ttft.draw(rng) + spec.prefill_per_token * words
+        tpots = [spec.tpot.draw(rng) for _ in range(max(0, n - 1))]
+        gen = _events(body, chat, n, words, ttft, tpots)
+        if not body.get("stream"):
+            return await _collect(gen, body, chat, n, words)
+        return StreamingResponse(gen, media_type="text/event-stream")
+
+    async def _events(body: dict[str, Any], chat: bool, n: int, words: int, ttft: float,
+                      tpots: list[float]) -> Any:
+        model = body.get("model", name)
+        created = int(time.time())
+        finished = False
+        async with slots:
+            stats.active += 1
+            stats.max_active = max(stats.max_active, stats.active)
+            try:
+                await asyncio.sleep(ttft)
+                for i in range(n):
+                    if i:
+                        await asyncio.sleep(tpots[i - 1])
+                    last = i == n - 1
+                    piece = ("tok" if i == 0 else " tok")
+                    choice: dict[str, Any] = {"index": 0, "finish_reason": "length" if last else None}
+                    if chat:
+                        choice["delta"] = {"content": piece}
+                    else:
+                        choice["text"] = piece
+                    chunk: dict[str, Any] = {"id": "cmpl-fake", "object": "chat.completion.chunk",
+                                             "created": created, "model": model, "choices": [choice]}
+                    if last:
+                        chunk["usage"] = {"prompt_tokens": words, "completion_tokens": n,
+                                          "total_tokens": words + n}
+                    yield f"data: {json.dumps(chunk)}\n\n"
+                yield "data: [DONE]\n\n"
+                finished = True
+                stats.completed += 1
+            finally:
+                stats.active -= 1
+                if not finished:
+                    stats.cancelled += 1
+
+    async def _collect(gen: Any, body: dict[str, Any], chat: bool, n: int, words: int) -> Response:
+        async for _ in gen:
+            pass
+        text = " ".join(["tok"] * n)
+        choice: dict[str, Any] = {"index": 0, "finish_reason": "length"}
+        if chat:
+            choice["message"] = {"role": "assistant", "content": text}
+        else:
+            choice["text"] = text
+        return JSONResponse({"id": "cmpl-fake", "object": "chat.completion", "model": body.get("model"),
+                             "choices": [choice], "usage": {"prompt_tokens": words,
+                                                            "completion_tokens": n,
+                                                            "total_tokens": words + n}})
+
+    app = Starlette(routes=[
+        Route("/v1/models", models), Route("/stats", stats_route), Route("/reset", reset, methods=["POST"]),
+        Route("/v1/chat/completions", chat, methods=["POST"]),
+        Route("/v1/completions", text, methods=["POST"]),
+        Route("/readyz", lambda _: JSONResponse({"ok": True})),
+    ])
+    app.state.stats = stats
+    return app
+
+
+def _prompt_words(body: dict[str, Any], chat: bool) -> int:
+    if chat:
+        text = " ".join(str(m.get("content") or "") for m in body.get("messages") or [])
+    else:
+        text = str(body.get("prompt") or "")
+    return max(1, len(text.split()))
+
+
+def main() -> None:
+    import uvicorn
+
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=9001)
+    p.add_argument("--ttft", type=float, default=0.05)
+    p.add_argument("--ttft-jitter", type=float, default=0.0)
+    p.add_argument("--slow-p", type=float, default=0.0, help="share of slow first tokens")
+    p.add_argument("--slow", type=float, default=0.0, help="TTFT of a slow one, seconds")
+    p.add_argument("--tpot", type=float, default=0.01)
+    p.add_argument("--capacity", type=int, default=1_000_000)
+    p.add_argument("--fail-rate", type=float, default=0.0)
+    p.add_argument("--seed", type=int, default=0)
+    a = p.parse_args()
+    spec = UpstreamSpec(ttft=Dist(a.ttft, a.ttft_jitter, a.slow_p, a.slow), tpot=Dist(a.tpot),
+                        capacity=a.capacity, fail_rate=a.fail_rate, seed=a.seed)
+    uvicorn.run(create_upstream(spec), host=a.host, port=a.port, log_level="warning", access_log=False)
+
+
+if __name__ == "__main__":
+    main()

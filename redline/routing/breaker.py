@@ -1,0 +1,64 @@
+"""Circuit breakers per backend replica, on purgatory's state machine: `threshold`
+consecutive failures open a breaker, it refuses traffic for `ttl_s`, then lets requests
+through half-open and closes on the first success. Only upstream faults count; a user's
+bad request (InvalidRequest) or a cancelled call (a client left, a hedge lost) is
+not a failure."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+
+from purgatory import AsyncCircuitBreakerFactory
+from purgatory.domain.model import OpenedState
+
+from redline.errors import BackendError, InvalidRequest
+
+
+class Breakers:
+    def __init__(self, threshold: int = 5, ttl_s: float = 10.0,
+                 on_change: Callable[[str, bool], None] | None = None) -> None:
+        self._factory = AsyncCircuitBreakerFactory(default_threshold=threshold, default_ttl=ttl_s,
+                                                   exclude=[InvalidRequest, asyncio.CancelledError,
+                                                            GeneratorExit])
+        self.ttl_s = ttl_s
+        self._names: dict[int, str] = {}
+        self._breakers: dict[str, object] = {}
+        self.on_change = on_change
+
+    def name(self, replica: object) -> str:
+        key = id(replica)
+        if key not in self._names:
+            info = getattr(replica, "info", None)
+            label = getattr(info, "name", "backend")
+            self._names[key] = f"{label}#{len(self._names)}"
+        return self._names[key]
+
+    def is_open(self, replica: object) -> bool:
+        """Open and not yet due for a half-open try."""
+        brk = self._breakers.get(self.name(replica))
+        if brk is None:
+            return False
+        ctx = brk.context  # type: ignore[attr-defined]
+        return ctx.state == "opened" and time.time() < (ctx.opened_at or 0) + self.ttl_s
+
+    @asynccontextmanager
+    async def guard(self, replica: object) -> AsyncIterator[None]:
+        """Wrap the part of a call that decides success (up to the first token).
+        Raises BackendError at once when the breaker is open."""
+        name = self.name(replica)
+        brk = self._breakers.get(name)
+        if brk is None:
+            brk = self._breakers[name] = await self._factory.get_breaker(name)
+        was_open = brk.context.state == "opened"  # type: ignore[attr-defined]
+        try:
+            async with brk:  # type: ignore[attr-defined]
+                yield
+        except OpenedState as exc:
+            raise BackendError(f"{name}: circuit open") from exc
+        finally:
+            now_open = brk.context.state == "opened"  # type: ignore[attr-defined]
+            if self.on_change is not None and now_open != was_open:
+                self.on_change(name.split("#")[0], now_open)

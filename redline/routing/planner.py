@@ -1,0 +1,60 @@
+"""The SLO-aware planner: predict TTFT and total time of this request on each candidate
+model (at its best replica, from live estimates) and take the first, in preference order,
+whose prediction meets the tier's budget. When none does it degrades instead of missing
+silently: the fastest predicted model goes first, and for tier S the answer is shortened
+to fit the total budget."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from redline.config import TierBudget
+from redline.routing.estimates import Prediction
+
+log = logging.getLogger(__name__)
+
+MIN_SHORT_TOKENS = 16
+
+
+@dataclass(frozen=True)
+class Plan:
+    order: tuple[str, ...]  # models to try, best first; later ones are the fallbacks
+    max_tokens: int | None  # a cap when the answer is shortened to meet the budget
+    predicted: Prediction | None
+    degraded: bool
+
+
+def meets(p: Prediction, budget: TierBudget) -> bool:
+    return ((budget.ttft_s is None or p.ttft_s <= budget.ttft_s)
+            and (budget.total_s is None or p.total_s <= budget.total_s))
+
+
+def plan(tier: str, budget: TierBudget, candidates: Sequence[str],
+         predict: Callable[[str], Prediction | None], max_tokens: int,
+         tpot_of: Callable[[str], float], shorten: bool) -> Plan:
+    """`predict(model)` is None when no replica of the model can take traffic now."""
+    preds = {m: predict(m) for m in candidates}
+    alive = [m for m in candidates if preds[m] is not None]
+    if not alive:  # every breaker open: try in order anyway, half-open may let one through
+        return Plan(tuple(candidates), None, None, degraded=True)
+    if budget.ttft_s is None and budget.total_s is None:
+        return Plan(tuple(alive), None, preds[alive[0]], degraded=False)
+    good = [m for m in alive if meets(preds[m], budget)]  # type: ignore[arg-type]
+    if good:
+        rest = [m for m in alive if m not in good]
+        return Plan(tuple(good + rest), None, preds[good[0]], degraded=False)
+    by_ttft = sorted(alive, key=lambda m: preds[m].ttft_s)  # type: ignore[union-attr]
+    best = by_ttft[0]
+    p = preds[best]
+    assert p is not None
+    cap = None
+    if shorten and tier == "S" and budget.total_s is not None and p.total_s > budget.total_s:
+        room = budget.total_s - p.ttft_s
+        cap = max(MIN_SHORT_TOKENS, min(max_tokens, int(room / max(tpot_of(best), 1e-4)) + 1))
+        if cap >= max_tokens:
+            cap = None
+    log.debug("tier %s: no model meets the budget; degrading to %s (predicted TTFT %.2fs, "
+             "total %.2fs, max_tokens %s)", tier, best, p.ttft_s, p.total_s, cap or max_tokens)
+    return Plan(tuple(by_ttft), cap, p, degraded=True)

@@ -1,0 +1,338 @@
+"""The router: from a request to a first token, on the model and replica that can meet
+the request's tier budget.
+
+    decide (tier, candidate models) → admit → plan (predicted TTFT/total per model)
+    → open on a replica (hedged for tier S) → on an error before the first token,
+      retry within the retry budget on another replica, then down the fallback chain
+
+`open()` returns once the first chunk is there; the rest of the stream is observed to
+keep the live estimates and the SLO-violation counter honest.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import re
+import time
+from collections.abc import AsyncIterator, Iterator, Mapping
+from dataclasses import dataclass
+
+from redline.backends.base import Backend
+from redline.backends.pool import PoolBackend, replicas_of
+from redline.config import RoutingConfig
+from redline.errors import BackendError, InvalidRequest, ModelNotFound, RedlineError
+from redline.routing.admission import Admission
+from redline.routing.breaker import Breakers
+from redline.routing.budget import RatioBudget
+from redline.routing.classifier import Classifier, Decision
+from redline.routing.estimates import Estimates, Prediction
+from redline.routing.hedge import Opened, hedged
+from redline.routing.planner import Plan, plan
+from redline.telemetry.metrics import Metrics
+from redline.types import Chunk, GenerationRequest
+
+log = logging.getLogger(__name__)
+
+AUTO = "auto"
+
+
+@dataclass
+class Routed:
+    model: str
+    tier: str
+    first: Chunk
+    rest: AsyncIterator[Chunk]
+    hedged: bool = False
+    attempts: int = 1
+    degraded: bool = False
+    route_s: float = 0.0  # deciding and planning
+
+
+@dataclass
+class _Call:
+    replica: Backend
+    first: Chunk
+    rest: AsyncIterator[Chunk]
+    t_first: float
+
+
+class Router:
+    def __init__(self, backends: Mapping[str, Backend], default_model: str, config: RoutingConfig,
+                 metrics: Metrics, classifier: Classifier | None = None) -> None:
+        self.backends = dict(backends)
+        self.default_model = default_model
+        self.cfg = config
+        self.metrics = metrics
+        self.slo = config.mode == "slo"
+        self.estimates = Estimates()
+        self.breakers = Breakers(config.breaker_threshold, config.breaker_ttl_s,
+                                 on_change=lambda name, opened: metrics.backend_up.labels(name).set(
+                                     0 if opened else 1))
+        self.admission = Admission(config.max_inflight,
+                                   {t: b.max_inflight for t, b in config.tiers.items()},
+                                   config.shed_at)
+        self.retries = RatioBudget(config.retry_budget, burst=10.0, initial=10.0)
+        self.hedges = RatioBudget(config.hedge_budget, burst=3.0, initial=1.0)
+        self.classifier = classifier
+        self._rules = [(re.compile(r.match, re.IGNORECASE), r) for r in config.rules]
+        self._labels: dict[int, str] = {}
+        for name, backend in self.backends.items():
+            reps = replicas_of(backend)
+            for i, r in enumerate(reps):
+                self._labels[id(r)] = name if len(reps) == 1 else f"{name}/{i}"
+        # preference order for `auto`: small first for simple questions
+        self._by_size = sorted(self.backends, key=lambda n: self.backends[n].info.size_rank)
+
+    async def start(self) -> None:
+        if self.classifier is None and self.slo and self.cfg.classifier != "off":
+            self.classifier = await asyncio.to_thread(_build_classifier, self.cfg.classifier)
+
+    # -- deciding -------------------------------------------------------------------
+
+    def decide(self, request: GenerationRequest) -> tuple[str, list[str], Decision | None]:
+        """The tier to serve and the candidate models, best first."""
+        name = request.model
+        if name != AUTO and name not in self.backends:
+            raise ModelNotFound(f"The model `{name}` does not exist.", param="model")
+        if not self.slo:  # FCFS, no tiers: the named (or default) model, its fallbacks
+            model = self.default_model if name == AUTO else name
+            return request.tier or "S", self._chain(model), None
+        text = _last_user_text(request)
+        rule = next((r for rx, r in self._rules if rx.search(text)), None)
+        decision = None
+        if self.classifier is not None and (request.tier is None or name == AUTO):
+            decision = self.classifier.classify(text)
+        tier = request.tier or (rule.tier if rule and rule.tier else None) or (
+            decision.tier if decision else "S")
+        if name != AUTO:
+            return tier, self._chain(name), decision
+        if rule is not None and rule.model is not None:
+            return tier, self._chain(rule.model), decision
+        complex_ = tier == "B" or (decision is not None and decision.difficulty == "complex")
+        order = list(reversed(self._by_size)) if complex_ else list(self._by_size)
+        return tier, order, decision
+
+    def _chain(self, model: str) -> list[str]:
+        chain = [model]
+        for m in self.cfg.fallbacks.get(model, []):
+            if m in self.backends and m not in chain:
+                chain.append(m)
+        return chain
+
+    # -- predicting -----------------------------------------------------------------
+
+    def label(self, replica: Backend) -> str:
+        return self._labels.get(id(replica)) or replica.info.name
+
+    def usable(self, replica: Backend) -> bool:
+        return not self.breakers.is_open(self.label(replica))
+
+    def predict(self, model: str, prompt_tokens: int, max_tokens: int) -> Prediction | None:
+        best: Prediction | None = None
+        for r in replicas_of(self.backends[model]):
+            if not self.usable(r):
+                continue
+            stats = self.estimates.of(r)
+            p = stats.predict(r.load(), prompt_tokens, stats.expected_tokens(max_tokens))
+            if best is None or p.ttft_s < best.ttft_s:
+                best = p
+        return best
+
+    def _plan(self, tier: str, candidates: list[str], request: GenerationRequest) -> Plan:
+        if not self.slo:
+            return Plan(tuple(candidates), None, None, degraded=False)
+        n_prompt = _prompt_tokens(request)
+        max_tokens = request.sampling.max_tokens
+
+        def tpot_of(model: str) -> float:
+            return min(self.estimates.of(r).tpot_s for r in replicas_of(self.backends[model]))
+
+        return plan(tier, self.cfg.tiers[tier], candidates,  # type: ignore[index]
+                    lambda m: self.predict(m, n_prompt, max_tokens), max_tokens, tpot_of,
+                    self.cfg.shorten)
+
+    # -- serving --------------------------------------------------------------------
+
+    async def open(self, request: GenerationRequest) -> Routed:
+        t0 = time.perf_counter()
+        tier, candidates, _ = self.decide(request)
+        if self.slo:
+            self.admission.admit(tier)
+        try:
+            self.retries.deposit()
+            p = self._plan(tier, candidates, request)
+            route_s = time.perf_counter() - t0
+            req = request
+            if p.max_tokens is not None:
+                req = dataclasses.replace(request, sampling=dataclasses.replace(
+                    request.sampling, max_tokens=p.max_tokens))
+            model, call, was_hedged, attempts = await self._first_token(req, tier, p.order)
+        except BaseException:
+            if self.slo:
+                self.admission.release(tier)
+            raise
+        rest = _Tail(self, tier, call, request.arrival)
+        return Routed(model, tier, call.first, rest, was_hedged, attempts, p.degraded, route_s)
+
+    def _targets(self, order: tuple[str, ...]) -> Iterator[tuple[str, Backend]]:
+        """Attempt targets: each usable replica of each model in order, then round again."""
+        while True:
+            any_usable = False
+            for model in order:
+                backend = self.backends[model]
+                reps = sorted(replicas_of(backend), key=lambda r: r.load())
+                usable = [r for r in reps if self.usable(r)]
+                any_usable |= bool(usable)
+                yield from ((model, r) for r in usable)
+            if not any_usable:  # all open: knock anyway, a due breaker goes half-open
+                for model in order:
+                    yield from ((model, r) for r in replicas_of(self.backends[model]))
+
+    async def _first_token(self, req: GenerationRequest, tier: str,
+                           order: tuple[str, ...]) -> tuple[str, _Call, bool, int]:
+        last: RedlineError | None = None
+        targets = self._targets(order)
+        for attempt in range(1, self.cfg.max_attempts + 1):
+            if attempt > 1 and not self.retries.take():
+                break
+            model, replica = next(targets)
+            try:
+                call, was_hedged = await self._open_maybe_hedged(req, tier, model, replica)
+                return model, call, was_hedged, attempt
+            except InvalidRequest:
+                raise
+            except RedlineError as exc:  # BackendError, NotReady, EngineDead: try elsewhere
+                log.debug("attempt %d on %s failed: %s", attempt, self.label(replica), exc.message)
+                self.estimates.of(replica).errors += 1
+                last = exc
+        raise last or BackendError("no backend could serve the request")
+
+    async def _open_maybe_hedged(self, req: GenerationRequest, tier: str, model: str,
+                                 replica: Backend) -> tuple[_Call, bool]:
+        backend = self.backends[model]
+        partner = None
+        delay = None
+        if self.slo and self.cfg.hedge and tier == "S" and isinstance(backend, PoolBackend):
+            delay = self.estimates.of(replica).p90_ttft()
+            partner = backend.pick(exclude=[replica], usable=self.usable)
+        if partner is None or delay is None:
+            return (await self._open(replica, req)).value, False
+        self.hedges.deposit()
+        second = partner
+
+        async def first() -> Opened[_Call]:
+            return await self._open(replica, req)
+
+        async def other() -> Opened[_Call]:
+            return await self._open(second, req)
+
+        won, sent = await hedged(first, other, max(delay, self.cfg.hedge_min_delay_s),
+                                 self.hedges.take)
+        return won.value, sent
+
+    async def _open(self, replica: Backend, req: GenerationRequest) -> Opened[_Call]:
+        load = replica.load()
+        t0 = time.perf_counter()
+        it = replica.stream(req).__aiter__()
+        try:
+            async with self.breakers.guard(self.label(replica)):
+                try:
+                    first = await it.__anext__()
+                except StopAsyncIteration:
+                    first = Chunk(finish_reason="stop")
+                if first.finish_reason == "error":
+                    raise BackendError(f"{self.label(replica)}: {first.error or 'failed'}")
+        except BaseException:
+            await _aclose(it)
+            raise
+        t_first = time.perf_counter()
+        self.estimates.of(replica).observe_ttft(t_first - t0, load, _prompt_tokens(req))
+        return Opened(_Call(replica, first, it, t_first), lambda: _aclose(it))
+
+    def finish(self, tier: str, call: _Call, arrival: float, tokens: int, ok: bool) -> None:
+        if self.slo:
+            self.admission.release(tier)
+        end = time.perf_counter()
+        stats = self.estimates.of(call.replica)
+        if ok:
+            stats.observe_output(tokens)
+            if tokens > 1:
+                stats.observe_tpot((end - call.t_first) / (tokens - 1))
+        # SLO violations are counted from the finished completion by telemetry's long-tail log
+
+
+class _Tail:
+    """The chunks after the first. Closing it (or finishing it) closes the upstream call
+    and settles the books exactly once, even if it was never iterated."""
+
+    def __init__(self, router: Router, tier: str, call: _Call, arrival: float) -> None:
+        self.router, self.tier, self.call, self.arrival = router, tier, call, arrival
+        self.tokens = call.first.tokens
+        self.done = call.first.finish_reason is not None
+        self.ok = self.done and call.first.finish_reason != "error"
+        self.closed = False
+
+    def __aiter__(self) -> _Tail:
+        return self
+
+    async def __anext__(self) -> Chunk:
+        if self.done:
+            await self.aclose()
+            raise StopAsyncIteration
+        try:
+            chunk = await self.call.rest.__anext__()
+        except StopAsyncIteration:
+            self.done = self.ok = True
+            await self.aclose()
+            raise
+        except BaseException:
+            await self.aclose()
+            raise
+        self.tokens += chunk.tokens
+        if chunk.finish_reason is not None:
+            self.done = True
+            self.ok = chunk.finish_reason != "error"
+        return chunk
+
+    async def aclose(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        try:
+            await _aclose(self.call.rest)
+        finally:
+            self.router.finish(self.tier, self.call, self.arrival, self.tokens, self.ok)
+
+
+async def _aclose(it: AsyncIterator[Chunk]) -> None:
+    close = getattr(it, "aclose", None)
+    if close is not None:
+        try:
+            await close()
+        except RuntimeError:  # running in another task; it stops on its own
+            pass
+
+
+def _last_user_text(request: GenerationRequest) -> str:
+    if request.messages:
+        for m in reversed(request.messages):
+            if m.role == "user":
+                return m.content
+        return request.messages[-1].content
+    return request.prompt or ""
+
+
+def _prompt_tokens(request: GenerationRequest) -> int:
+    """A tokenizer-free estimate (≈4 characters a token) for the planner."""
+    n = len(request.prompt or "") + sum(len(m.content) for m in request.messages or ())
+    return max(1, n // 4)
+
+
+def _build_classifier(kind: str) -> Classifier:
+    if kind == "embeddings":
+        from redline.routing.classifier import EmbeddingFeatures
+
+        return Classifier(EmbeddingFeatures())
+    return Classifier()
