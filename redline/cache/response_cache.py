@@ -1,0 +1,237 @@
+"""The response cache: exact lookup, then semantic lookup, over any `Store`.
+
+    lookup(request, model) → Lookup(result="hit"|"semantic"|"miss"|"bypass", chunks)
+    on_finish(completion)   → stores a fresh answer (a pipeline Observer)
+
+Exact: one store `get` by a hash of everything that shapes the answer (see keys.py).
+Semantic (chat only): embed the last user message off the event loop, search the
+partition's vectors (index.py), then serve the best candidate over the threshold that
+the near-miss guard (guard.py) lets through. Store failures fail open (a miss).
+
+Only greedy requests (temperature 0) are cached unless `cache_sampled` is on: a
+sampled answer is one draw among many, and replaying it changes what the user asked
+for. Eviction: answers expire after `ttl_s`, and a ring of `max_entries` slots in the
+store (a shared counter) drops the oldest answer when a new one arrives, on every
+store kind and across replicas.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+from cachetools import TTLCache
+from prometheus_client import Histogram
+
+from redline.cache import guard
+from redline.cache.embedder import Embedder, MiniLMEmbedder
+from redline.cache.index import SemanticIndex
+from redline.cache.keys import CacheKeys, cache_keys
+from redline.store.base import Store, StoreUnavailable
+from redline.types import Chunk, GenerationRequest, Usage
+
+if TYPE_CHECKING:
+    from redline.config import CacheConfig
+    from redline.pipeline import Completion
+    from redline.telemetry.metrics import Metrics
+
+log = logging.getLogger(__name__)
+
+ENTRY = "rl:cache:e:"  # answer records, by exact key
+RING = "rl:cache:ring:"  # eviction slots → answer key
+SEQ = "rl:cache:seq"  # the ring's write counter
+CANDIDATES = 4  # semantic candidates checked by the guard, best first
+REPLAY_CHUNKS = 4
+
+
+@dataclass(frozen=True)
+class CachedAnswer:
+    model: str  # the model that answered
+    text: str
+    finish_reason: str
+    prompt_tokens: int
+    completion_tokens: int
+    question: str | None
+    created: float
+
+    def to_bytes(self) -> bytes:
+        return json.dumps(self.__dict__, ensure_ascii=False).encode()
+
+    @classmethod
+    def from_bytes(cls, raw: bytes) -> CachedAnswer:
+        return cls(**json.loads(raw))
+
+    def chunks(self, n: int = REPLAY_CHUNKS) -> list[Chunk]:
+        """The answer as a few chunks split at spaces, tokens spread over them; the last
+        one carries finish_reason and usage, as a backend's would."""
+        words = self.text.split(" ")
+        step = max(1, -(-len(words) // n))
+        pieces = [" ".join(words[i:i + step]) for i in range(0, len(words), step)] or [""]
+        pieces = [p + (" " if i < len(pieces) - 1 else "") for i, p in enumerate(pieces)]
+        per = self.completion_tokens // len(pieces)
+        out = [Chunk(text=p, tokens=per) for p in pieces]
+        last = out[-1]
+        last.tokens = self.completion_tokens - per * (len(pieces) - 1)
+        last.finish_reason = "length" if self.finish_reason == "length" else "stop"
+        last.usage = Usage(self.prompt_tokens, self.completion_tokens)
+        return out
+
+
+@dataclass
+class Lookup:
+    result: str  # hit | semantic | miss | bypass | error
+    seconds: float = 0.0
+    answer: CachedAnswer | None = None
+    similarity: float | None = None
+
+
+class ResponseCache:
+    def __init__(self, cfg: CacheConfig, store: Store, metrics: Metrics | None = None,
+                 embedder: Embedder | None = None) -> None:
+        self.cfg = cfg
+        self.store = store
+        self.metrics = metrics
+        self.embedder: Embedder | None = embedder
+        self.index: SemanticIndex | None = None
+        # the embedder runs on its own thread: off the event loop, one question at a time
+        self._embed_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="cache-embed")
+        # a miss's question vector, kept until its answer is stored (so it is embedded once)
+        self._vectors: TTLCache[str, np.ndarray] = TTLCache(maxsize=4096, ttl=600)
+        self._tasks: set[asyncio.Task[None]] = set()
+        self.lookup_seconds = None
+        if metrics is not None:
+            self.lookup_seconds = Histogram(
+                "redline_cache_lookup_seconds", "Response cache lookup time, by result",
+                ("result",), buckets=(0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.03,
+                                      0.05, 0.1, 0.25), registry=metrics.registry)
+
+    # -- lifecycle -------------------------------------------------------------
+    async def start(self) -> None:
+        """Load the embedder off the event loop. Without it the cache is exact-only."""
+        if not self.cfg.semantic:
+            return
+        if self.embedder is None:
+            try:
+                path = self.cfg.embedder_path
+                self.embedder = await self._off_loop(lambda: MiniLMEmbedder(path).load())
+            except Exception:
+                log.exception("semantic cache off: the embedder did not load")
+                return
+        self.index = SemanticIndex(self.store, self.embedder.dim, max_entries=self.cfg.max_entries)
+
+    async def close(self) -> None:
+        if self._tasks:
+            await asyncio.gather(*list(self._tasks), return_exceptions=True)
+        self._embed_pool.shutdown(wait=False, cancel_futures=True)
+
+    async def _off_loop(self, fn: Callable[[], Any]) -> Any:
+        return await asyncio.get_running_loop().run_in_executor(self._embed_pool, fn)
+
+    async def embed(self, text: str) -> np.ndarray:
+        embedder = self.embedder
+        if embedder is None:
+            raise RuntimeError("no embedder")
+        rows = await self._off_loop(lambda: embedder.encode([text]))
+        return np.asarray(rows[0], dtype=np.float32)
+
+    # -- policy ----------------------------------------------------------------
+    def cacheable(self, request: GenerationRequest) -> bool:
+        return request.use_cache and (request.sampling.greedy or self.cfg.cache_sampled)
+
+    def accepts(self, question: str, candidate: str, similarity: float) -> bool:
+        """The one rule for a semantic hit (eval-cache measures exactly this)."""
+        if similarity < self.cfg.similarity_threshold:
+            return False
+        return not self.cfg.guard or guard.allows(question, candidate)
+
+    # -- lookup ----------------------------------------------------------------
+    async def lookup(self, request: GenerationRequest) -> Lookup:
+        """Keyed on the model the client named (`auto` included): the router's choice
+        comes after the cache, and the same question to `auto` gets the same answer."""
+        t0 = time.perf_counter()
+        if not self.cacheable(request):
+            out = Lookup("bypass")
+        else:
+            try:
+                out = await self._lookup(request, cache_keys(request, request.model))
+            except StoreUnavailable as exc:  # fail open: the model answers
+                log.warning("cache lookup skipped: %s", exc.message)
+                out = Lookup("error")
+        out.seconds = time.perf_counter() - t0
+        if self.metrics is not None and self.lookup_seconds is not None:
+            self.metrics.cache_lookups.labels(out.result).inc()
+            if out.result != "bypass":
+                self.lookup_seconds.labels(out.result).observe(out.seconds)
+        if out.result == "error":
+            out.result = "miss"  # what the client sees (X-Redline-Cache): the model answered
+        return out
+
+    async def _lookup(self, request: GenerationRequest, keys: CacheKeys) -> Lookup:
+        raw = await self.store.get(ENTRY + keys.exact)
+        if raw is not None:
+            return Lookup("hit", answer=CachedAnswer.from_bytes(raw))
+        if self.index is None or keys.partition is None or keys.question is None:
+            return Lookup("miss")
+        vector = await self.embed(keys.question)
+        self._vectors[request.id] = vector
+        for cand in await self.index.search(keys.partition, vector, CANDIDATES):
+            if cand.similarity < self.cfg.similarity_threshold:
+                break
+            if not self.accepts(keys.question, cand.question, cand.similarity):
+                continue
+            raw = await self.store.get(ENTRY + cand.key)
+            if raw is not None:  # else evicted or expired: try the next one
+                return Lookup("semantic", answer=CachedAnswer.from_bytes(raw),
+                              similarity=cand.similarity)
+        return Lookup("miss")
+
+    # -- store -----------------------------------------------------------------
+    def on_finish(self, completion: Completion) -> None:
+        """Observer: store an answer that was looked up, missed, and finished well."""
+        req = completion.request
+        cut_short = completion.finish_reason == "length" and \
+            completion.output_tokens < req.sampling.max_tokens  # e.g. the router shortened it
+        if completion.cache != "miss" or completion.status != "200" or cut_short or \
+                completion.finish_reason not in ("stop", "length"):
+            self._vectors.pop(req.id, None)
+            return
+        usage = completion.usage
+        answer = CachedAnswer(completion.model, "".join(completion.text), completion.finish_reason,
+                              usage.prompt_tokens if usage else 0,
+                              usage.completion_tokens if usage else completion.output_tokens,
+                              None, time.time())
+        task = asyncio.get_running_loop().create_task(self.put(req, answer))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def put(self, request: GenerationRequest, answer: CachedAnswer) -> None:
+        keys = cache_keys(request, request.model)
+        vector = self._vectors.pop(request.id, None)
+        try:
+            answer = CachedAnswer(**{**answer.__dict__, "question": keys.question})
+            entry = ENTRY + keys.exact
+            await self.store.set(entry, answer.to_bytes(), ttl=self.cfg.ttl_s)
+            await self._evict_oldest(entry)
+            if self.index is not None and keys.partition is not None and keys.question is not None:
+                if vector is None:
+                    vector = await self.embed(keys.question)
+                await self.index.add(keys.partition, keys.exact, keys.question, vector,
+                                     ttl=self.cfg.ttl_s)
+        except StoreUnavailable as exc:
+            log.warning("answer not cached: %s", exc.message)
+        except Exception:  # a background write must never take anything down
+            log.exception("answer not cached")
+
+    async def _evict_oldest(self, entry: str) -> None:
+        slot = RING + str((await self.store.incr(SEQ) - 1) % self.cfg.max_entries)
+        old = await self.store.get(slot)
+        if old is not None and old.decode() != entry:
+            await self.store.delete(old.decode())
+        await self.store.set(slot, entry.encode(), ttl=self.cfg.ttl_s)
