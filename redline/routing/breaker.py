@@ -10,6 +10,7 @@ import asyncio
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from typing import Any
 
 from purgatory import AsyncCircuitBreakerFactory
 from purgatory.domain.model import OpenedState
@@ -24,41 +25,31 @@ class Breakers:
                                                    exclude=[InvalidRequest, asyncio.CancelledError,
                                                             GeneratorExit])
         self.ttl_s = ttl_s
-        self._names: dict[int, str] = {}
-        self._breakers: dict[str, object] = {}
+        self._breakers: dict[str, Any] = {}
         self.on_change = on_change
 
-    def name(self, replica: object) -> str:
-        key = id(replica)
-        if key not in self._names:
-            info = getattr(replica, "info", None)
-            label = getattr(info, "name", "backend")
-            self._names[key] = f"{label}#{len(self._names)}"
-        return self._names[key]
-
-    def is_open(self, replica: object) -> bool:
+    def is_open(self, name: str) -> bool:
         """Open and not yet due for a half-open try."""
-        brk = self._breakers.get(self.name(replica))
+        brk = self._breakers.get(name)
         if brk is None:
             return False
-        ctx = brk.context  # type: ignore[attr-defined]
+        ctx = brk.context
         return ctx.state == "opened" and time.time() < (ctx.opened_at or 0) + self.ttl_s
 
     @asynccontextmanager
-    async def guard(self, replica: object) -> AsyncIterator[None]:
+    async def guard(self, name: str) -> AsyncIterator[None]:
         """Wrap the part of a call that decides success (up to the first token).
         Raises BackendError at once when the breaker is open."""
-        name = self.name(replica)
         brk = self._breakers.get(name)
         if brk is None:
             brk = self._breakers[name] = await self._factory.get_breaker(name)
-        was_open = brk.context.state == "opened"  # type: ignore[attr-defined]
+        was_open = brk.context.state == "opened"
         try:
-            async with brk:  # type: ignore[attr-defined]
+            async with brk:
                 yield
         except OpenedState as exc:
             raise BackendError(f"{name}: circuit open") from exc
         finally:
-            now_open = brk.context.state == "opened"  # type: ignore[attr-defined]
+            now_open = brk.context.state == "opened"
             if self.on_change is not None and now_open != was_open:
-                self.on_change(name.split("#")[0], now_open)
+                self.on_change(name, now_open)

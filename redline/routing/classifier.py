@@ -34,6 +34,9 @@ _CUES = {
                "extensive", "in-depth", "review", "plan", "document", "curriculum", "handbook"),
     "batch": ("each", "every", "all", "these", "attached", "list", "catalogue", "archive"),
     "short": ("briefly", "brief", "short", "quick", "one", "sentence", "tl;dr", "line", "yes", "no"),
+    "code": ("python", "function", "code", "sql", "query", "class", "script", "api", "rust", "java",
+             "c++", "javascript", "go", "bash", "regex", "regular", "tests", "test", "implement",
+             "implements", "algorithm", "parser", "compiler", "database", "thread", "docker"),
     "hard": ("why", "prove", "complexity", "algorithm", "trade-offs", "step", "math", "derive",
              "explain", "compare", "and"),
 }

@@ -1,0 +1,91 @@
+"""Routing seen from the API: X-Redline-Tier / X-Redline-Model, 503 + Retry-After when
+shedding, and the bundled model as a real local backend behind `auto`."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import httpx
+import pytest
+from fastapi.testclient import TestClient
+
+from redline.api.app import create_app
+from redline.backends.fake import FakeBackend
+from redline.backends.fake_upstream import Dist, UpstreamSpec, create_upstream
+from redline.config import RedlineConfig
+
+
+def client(app: Any) -> TestClient:
+    return TestClient(app)
+
+
+def wait_ready(c: TestClient) -> None:
+    for _ in range(1200):  # the semantic cache's embedder loads first
+        if c.get("/readyz").status_code == 200:
+            return
+        time.sleep(0.05)
+    raise TimeoutError
+
+
+def config(**routing: Any) -> RedlineConfig:
+    return RedlineConfig(models=[{"name": "small", "bundled": "x", "size_rank": 1},
+                                 {"name": "large", "bundled": "x", "size_rank": 2}],
+                         routing=routing)
+
+
+def body(text: str, **extra: Any) -> dict[str, Any]:
+    return {"model": "auto", "messages": [{"role": "user", "content": text}], "max_tokens": 3,
+            "cache": False, **extra}
+
+
+def test_headers_tell_the_tier_and_model() -> None:
+    backends = {"small": FakeBackend("small", size_rank=1), "large": FakeBackend("large", size_rank=2)}
+    with client(create_app(config(), backends)) as c:
+        wait_ready(c)
+        r = c.post("/v1/chat/completions", json=body("what is the capital of France?"))
+        assert r.status_code == 200, r.text
+        assert r.headers["x-redline-tier"] == "S" and r.headers["x-redline-model"] == "small"
+        assert "route;dur=" in r.headers["server-timing"]
+        r = c.post("/v1/chat/completions", json=body("write a python function for quicksort with tests"),
+                   headers={"X-Redline-Tier": "A"})
+        assert r.headers["x-redline-tier"] == "A" and r.headers["x-redline-model"] == "large"
+        r = c.post("/v1/chat/completions", json=body("hello", tier="A", model="small"))
+        assert r.headers["x-redline-tier"] == "A" and r.headers["x-redline-model"] == "small"
+        names = [m["id"] for m in c.get("/v1/models").json()["data"]]
+        assert "auto" in names
+
+
+def test_overload_answers_503_with_retry_after() -> None:
+    slow = FakeBackend("small", ttft_s=0.0, tpot_s=0.2, size_rank=1)
+    tiers = {"S": {"ttft_s": 1, "total_s": 3, "max_inflight": 1}}
+    with client(create_app(config(tiers=tiers), {"small": slow})) as c:
+        wait_ready(c)
+        with c.stream("POST", "/v1/chat/completions", json=body("hi", stream=True, max_tokens=20)) as s:
+            assert s.status_code == 200
+            r = c.post("/v1/chat/completions", json=body("hi"))
+            assert r.status_code == 503 and r.headers["retry-after"] == "1"
+            assert r.json()["error"]["code"] == "overloaded"
+
+
+def test_openai_backend_through_the_api(live_app: Any) -> None:
+    up = live_app(create_upstream(UpstreamSpec(ttft=Dist(0.01), tpot=Dist(0.001))))
+    cfg = RedlineConfig(models=[{"name": "remote", "backend": "openai", "url": up.url,
+                                 "upstream_model": "served"}])
+    with client(create_app(cfg)) as c:
+        wait_ready(c)
+        r = c.post("/v1/chat/completions", json={**body("hi"), "model": "remote"})
+        assert r.status_code == 200, r.text
+        assert r.json()["choices"][0]["message"]["content"] == "tok tok tok"
+        assert r.json()["usage"]["completion_tokens"] == 3
+        assert r.headers["x-redline-model"] == "remote"
+
+
+@pytest.mark.slow
+def test_auto_on_the_real_bundled_model(smol_server: Any) -> None:
+    r = httpx.post(f"{smol_server.url}/v1/chat/completions", timeout=60,
+                   json=body("what is the capital of France?", max_tokens=8, temperature=0))
+    assert r.status_code == 200, r.text
+    assert r.headers["x-redline-model"] == "smollm2-135m-instruct"
+    assert r.headers["x-redline-tier"] == "S"
+    assert r.json()["choices"][0]["message"]["content"]

@@ -1,0 +1,192 @@
+"""The router with fake backends: tiers, model choice, planner, fallbacks, breakers,
+admission, and hedging against fake upstreams over real HTTP."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import httpx
+import pytest
+
+from redline.backends.fake import FakeBackend
+from redline.backends.fake_upstream import Dist, UpstreamSpec, create_upstream
+from redline.backends.openai_compat import OpenAICompatBackend
+from redline.backends.pool import PoolBackend
+from redline.config import RouteRule, RoutingConfig, TierBudget
+from redline.errors import BackendError, ModelNotFound, Overloaded
+from redline.routing.router import Routed, Router
+from redline.telemetry.metrics import Metrics
+from redline.types import GenerationRequest, Message, SamplingParams
+
+
+def req(text: str, model: str = "auto", tier: Any = None, n: int = 4) -> GenerationRequest:
+    return GenerationRequest(model=model, sampling=SamplingParams(max_tokens=n),
+                             messages=(Message("user", text),), tier=tier)
+
+
+async def drain(r: Routed) -> str:
+    out = [r.first.text]
+    async for c in r.rest:
+        out.append(c.text)
+    return "".join(out)
+
+
+async def router(backends: dict[str, Any], **cfg: Any) -> Router:
+    r = Router(backends, next(iter(backends)), RoutingConfig(**cfg), Metrics())
+    await r.start()
+    return r
+
+
+@pytest.fixture
+def two() -> dict[str, FakeBackend]:
+    return {"small": FakeBackend("small", size_rank=1), "large": FakeBackend("large", size_rank=2)}
+
+
+async def test_auto_sends_simple_to_small_and_complex_to_large(two: dict[str, FakeBackend]) -> None:
+    r = await router(two)
+    simple = await r.open(req("what is the capital of France?"))
+    assert (simple.model, simple.tier) == ("small", "S")
+    await drain(simple)
+    hard = await r.open(req("write a python function that implements a trie with unit tests"))
+    assert (hard.model, hard.tier) == ("large", "A")
+    await drain(hard)
+    report = await r.open(req("write a detailed 30-page report on the global coffee market"))
+    assert (report.model, report.tier) == ("large", "B")
+    await drain(report)
+
+
+async def test_explicit_tier_and_model_win(two: dict[str, FakeBackend]) -> None:
+    r = await router(two)
+    got = await r.open(req("write a detailed report on coffee", model="small", tier="S"))
+    assert (got.model, got.tier) == ("small", "S")
+    await drain(got)
+    with pytest.raises(ModelNotFound):
+        await r.open(req("hi", model="nope"))
+
+
+async def test_rules_override_the_classifier(two: dict[str, FakeBackend]) -> None:
+    r = await router(two, rules=[RouteRule(match=r"^hi\b", tier="A", model="large")])
+    got = await r.open(req("hi there"))
+    assert (got.model, got.tier) == ("large", "A")
+    await drain(got)
+
+
+async def test_planner_moves_off_a_model_that_would_miss_the_budget(two: dict[str, FakeBackend]) -> None:
+    r = await router(two, classifier="off")
+    # teach the estimates: large is slow to first token, small is fast
+    for _ in range(10):
+        r.estimates.of(two["large"]).observe_ttft(2.0, 0, 10)
+        r.estimates.of(two["small"]).observe_ttft(0.05, 0, 10)
+    got = await r.open(req("explain the proof of Fermat's last theorem", model="large",
+                           tier="S"))
+    assert got.model == "large"  # a named model without fallbacks is kept (degraded)
+    assert got.degraded
+    await drain(got)
+    r2 = await router(two, classifier="off", fallbacks={"large": ["small"]})
+    for _ in range(10):
+        r2.estimates.of(two["large"]).observe_ttft(2.0, 0, 10)
+        r2.estimates.of(two["small"]).observe_ttft(0.05, 0, 10)
+    got = await r2.open(req("explain", model="large", tier="S"))
+    assert got.model == "small" and not got.degraded
+    await drain(got)
+    # tier A allows 3 s: large meets it and stays first
+    got = await r2.open(req("explain", model="large", tier="A"))
+    assert got.model == "large"
+    await drain(got)
+
+
+async def test_shortens_tier_s_answers_that_cannot_fit(two: dict[str, FakeBackend]) -> None:
+    r = await router({"small": two["small"]}, classifier="off")
+    stats = r.estimates.of(two["small"])
+    for _ in range(10):
+        stats.observe_ttft(0.5, 0, 10)
+        stats.observe_output(500)
+    stats.tpot_s = 0.05
+    got = await r.open(req("tell me everything", model="small", tier="S", n=500))
+    text = await drain(got)
+    assert got.degraded and len(text.split()) == 51  # (3 s − 0.5 s) / 0.05 s + 1
+
+
+async def test_errors_before_first_token_are_retried_then_fall_back() -> None:
+    bad = FakeBackend("large", size_rank=2, fail_rate=1.0)
+    ok = FakeBackend("small", size_rank=1)
+    r = await router({"large": bad, "small": ok}, classifier="off",
+                     fallbacks={"large": ["small"]})
+    got = await r.open(req("hello", model="large", tier="A"))
+    assert got.model == "small" and got.attempts == 2
+    await drain(got)
+    r2 = await router({"large": FakeBackend("large", fail_rate=1.0)}, classifier="off")
+    with pytest.raises(BackendError):
+        await r2.open(req("hello", model="large", tier="A"))
+
+
+async def test_a_dead_backend_opens_its_breaker_and_traffic_moves() -> None:
+    dead = FakeBackend("a", fail_rate=1.0)
+    alive = FakeBackend("a", seed=1)
+    pool = PoolBackend("m", [dead, alive])
+    r = await router({"m": pool}, classifier="off", breaker_threshold=3, hedge=False)
+    for _ in range(12):
+        await drain(await r.open(req("hi", model="m", tier="A")))
+    assert r.breakers.is_open("m/0") and not r.breakers.is_open("m/1")
+    calls = dead.calls
+    for _ in range(5):
+        assert (await r.open(req("hi", model="m", tier="A"))).model == "m"
+    assert dead.calls == calls  # no traffic to the open breaker
+    assert r.metrics.backend_up.labels("m/0")._value.get() == 0
+
+
+async def test_admission_sheds_b_before_a_before_s(two: dict[str, FakeBackend]) -> None:
+    tiers = {"S": TierBudget(ttft_s=1, total_s=3, max_inflight=100),
+             "A": TierBudget(ttft_s=3, max_inflight=100), "B": TierBudget(max_inflight=2)}
+    r = await router(two, classifier="off", max_inflight=10, tiers=tiers)
+    held = [await r.open(req("x", model="small", tier="B")) for _ in range(2)]
+    with pytest.raises(Overloaded):  # B's own limit
+        await r.open(req("x", model="small", tier="B"))
+    held += [await r.open(req("x", model="small", tier="S")) for _ in range(3)]
+    # 5 in flight: B is shed (at 50 %), A and S still served
+    held.append(await r.open(req("x", model="small", tier="A")))
+    held += [await r.open(req("x", model="small", tier="S")) for _ in range(2)]
+    with pytest.raises(Overloaded) as exc:  # 8 in flight: A shed at 80 %
+        await r.open(req("x", model="small", tier="A"))
+    assert exc.value.retry_after is not None
+    held += [await r.open(req("x", model="small", tier="S")) for _ in range(2)]
+    with pytest.raises(Overloaded):  # 10: S too
+        await r.open(req("x", model="small", tier="S"))
+    for h in held:
+        await h.rest.aclose()  # type: ignore[attr-defined]
+    assert r.admission.total == 0
+
+
+async def upstream_stats(url: str) -> dict[str, Any]:
+    async with httpx.AsyncClient() as c:
+        return (await c.get(f"{url}/stats")).json()  # type: ignore[no-any-return]
+
+
+async def test_hedging_takes_the_faster_replica_and_cancels_the_loser(live_app: Any) -> None:
+    slow = live_app(create_upstream(UpstreamSpec(ttft=Dist(2.0), tpot=Dist(0.001))))
+    fast = live_app(create_upstream(UpstreamSpec(ttft=Dist(0.01), tpot=Dist(0.001))))
+    a, b = OpenAICompatBackend("m", slow.url), OpenAICompatBackend("m", fast.url)
+    pool = PoolBackend("m", [a, b])
+    r = await router({"m": pool}, classifier="off", hedge_budget=1.0)
+    for _ in range(10):  # both replicas' observed p90 TTFT is 50 ms
+        r.estimates.of(a).observe_ttft(0.05, 0, 1)
+        r.estimates.of(b).observe_ttft(0.05, 0, 1)
+    b.inflight = 1  # the pool's first choice is the slow replica
+    got = await r.open(req("hi", model="m", tier="S"))
+    b.inflight = 0
+    assert got.hedged and await drain(got) == "tok tok tok tok"
+    for _ in range(100):
+        if (await upstream_stats(slow.url))["cancelled"] == 1:
+            break
+        await asyncio.sleep(0.02)
+    assert (await upstream_stats(slow.url))["cancelled"] == 1
+    assert (await upstream_stats(fast.url))["completed"] == 1
+    await pool.close()
+
+
+async def test_fcfs_mode_is_the_plain_baseline(two: dict[str, FakeBackend]) -> None:
+    r = await router(two, mode="fcfs")
+    got = await r.open(req("what is the capital of France?"))
+    assert (got.model, got.tier) == ("small", "S")  # the default model, tier S
+    await drain(got)
