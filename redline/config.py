@@ -191,6 +191,50 @@ class RoutingConfig(_Section):
     shorten: bool = Field(True, description="tier S: cap max_tokens so the answer fits its budget")
 
 
+class SmtpConfig(_Section):
+    """Where job e-mails go out. `tls`: "starttls" upgrades a plain connection, "tls" is
+    implicit TLS (port 465), "none" is for a relay on a trusted network."""
+
+    host: str | None = Field(None, description="unset: e-mail notification is refused")
+    port: int = Field(587, ge=1, le=65535)
+    username: str | None = None
+    password: str | None = None
+    tls: Literal["none", "starttls", "tls"] = "starttls"
+    sender: str = "redline@localhost"
+    timeout_s: float = Field(30.0, gt=0)
+
+
+class ScheduledJob(_Section):
+    """A periodic question answered ahead of time: `body` is a /v1/chat/completions (or
+    /v1/completions) body; its answer refreshes the cache for the next asker."""
+
+    name: str = Field(..., pattern=r"^[A-Za-z0-9_.-]{1,64}$")
+    cron: str = Field(..., description="5 fields: minute hour day month day_of_week")
+    endpoint: Literal["/v1/chat/completions", "/v1/completions"] = "/v1/chat/completions"
+    body: dict[str, Any]
+
+
+class JobsConfig(_Section):
+    """The async tier. Jobs and files live in SQLite under data_dir, or in Redis when
+    `store.url` is redis://, where any number of `redline worker` processes share them."""
+
+    worker_in_server: bool = Field(True, description="the server runs a worker too")
+    concurrency: int = Field(2, ge=1, le=256, description="jobs run at once per worker process")
+    lease_s: float = Field(30.0, gt=0, description="a running job whose worker is silent this "
+                           "long is run again (the worker heartbeats every lease_s/3)")
+    max_attempts: int = Field(3, ge=1, description="runs of one job (crashes and server errors)")
+    poll_s: float = Field(0.2, gt=0, description="idle queue polling interval")
+    batch_concurrency: int = Field(4, ge=1, le=256, description="requests of one batch at once")
+    max_file_bytes: int = Field(100 << 20, ge=1024, description="largest /v1/files upload")
+    webhook_secret: str | None = Field(None, description="HMAC-SHA256 key for X-Redline-Signature")
+    webhook_allow_private: bool = Field(False, description="allow loopback/private webhook hosts")
+    webhook_timeout_s: float = Field(10.0, gt=0)
+    webhook_attempts: int = Field(5, ge=1, le=20)
+    webhook_backoff_s: float = Field(1.0, ge=0, description="first retry delay; doubles each try")
+    smtp: SmtpConfig = SmtpConfig()
+    schedule: list[ScheduledJob] = Field(default_factory=list)
+
+
 class TelemetryConfig(_Section):
     metrics: bool = True
 
@@ -205,6 +249,7 @@ class RedlineConfig(BaseSettings):
     default_model: str | None = None
     streams: StreamsConfig = StreamsConfig()
     telemetry: TelemetryConfig = TelemetryConfig()
+    jobs: JobsConfig = JobsConfig()
     routing: RoutingConfig = RoutingConfig()
     auth: AuthConfig = AuthConfig()
     limits: LimitsConfig = LimitsConfig()

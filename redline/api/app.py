@@ -11,13 +11,14 @@ from pathlib import Path
 
 from fastapi import FastAPI
 
-from redline.api import errors, openai_routes, ops_routes, stream_routes
+from redline.api import batch_routes, errors, jobs_routes, openai_routes, ops_routes, stream_routes
 from redline.api.auth import Auth, document
 from redline.api.limits import RateLimit, TenantLimiter
 from redline.api.middleware import BodyLimit, BodyTimeout, ReadyGate
 from redline.api.server import CountInflight, Inflight
 from redline.backends.base import Backend
 from redline.config import ModelConfig, RedlineConfig
+from redline.jobs.service import JobService
 from redline.pipeline import Pipeline
 from redline.routing.router import Router
 from redline.streams import StreamManager
@@ -53,11 +54,13 @@ def create_app(config: RedlineConfig, backends: Mapping[str, Backend] | None = N
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         # load in the background: /healthz answers at once, /readyz once warm
         app.state.loader = asyncio.create_task(_start(pipeline))
+        await app.state.jobs.start(run_worker=config.jobs.worker_in_server)
         try:
             yield
         finally:
             app.state.draining = True
             app.state.loader.cancel()
+            await app.state.jobs.stop()  # running jobs go back to the queue
             await app.state.streams.close()
             await pipeline.close()
             await app.state.limiter.close()
@@ -74,11 +77,15 @@ def create_app(config: RedlineConfig, backends: Mapping[str, Backend] | None = N
     pipeline.observers.append(app.state.streams.history)
     app.state.limiter = TenantLimiter(config.limits, config.auth.keys)
     pipeline.observers.append(app.state.limiter)  # charges each answer's tokens
+    app.state.jobs = JobService(config.jobs, Path(config.server.data_dir), config.store.url,
+                                pipeline, metrics.jobs, jobs_routes.decode_body)
     errors.install(app)
 
     app.include_router(ops_routes.router)
     app.include_router(openai_routes.router)
     app.include_router(stream_routes.router)
+    app.include_router(jobs_routes.router)
+    app.include_router(batch_routes.router)
     # outermost last: BodyLimit → BodyTimeout → Auth → ReadyGate → RateLimit → CountInflight
     app.state.inflight = Inflight()
     app.add_middleware(CountInflight, inflight=app.state.inflight)
@@ -87,7 +94,8 @@ def create_app(config: RedlineConfig, backends: Mapping[str, Backend] | None = N
                        why=lambda: "draining" if app.state.draining else "the models are still loading")
     app.add_middleware(Auth, config=config.auth)
     app.add_middleware(BodyTimeout, timeout=config.limits.body_timeout_s)
-    app.add_middleware(BodyLimit, limit=config.server.max_body_bytes)
+    app.add_middleware(BodyLimit, limit=config.server.max_body_bytes,
+                       per_path={"/v1/files": config.jobs.max_file_bytes + 64 * 1024})
     document(app, config.auth)
     return app
 

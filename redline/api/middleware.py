@@ -42,18 +42,21 @@ class ReadyGate:
 
 class BodyLimit:
     """Refuse bodies over `limit` bytes: at once from Content-Length, or as soon as the
-    streamed body passes the limit (chunked uploads)."""
+    streamed body passes the limit (chunked uploads). `per_path` sets other limits for
+    exact paths (file uploads are larger than requests)."""
 
-    def __init__(self, app: ASGIApp, limit: int) -> None:
+    def __init__(self, app: ASGIApp, limit: int, per_path: dict[str, int] | None = None) -> None:
         self.app, self.limit = app, limit
+        self.per_path = per_path or {}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        limit = self.per_path.get(scope["path"], self.limit)
         for name, value in scope.get("headers", ()):
-            if name == b"content-length" and value.isdigit() and int(value) > self.limit:
-                await self._reject(send)
+            if name == b"content-length" and value.isdigit() and int(value) > limit:
+                await self._reject(send, limit)
                 return
         seen = 0
         rejected = False
@@ -67,9 +70,9 @@ class BodyLimit:
             message = await receive()
             if message["type"] == "http.request":
                 seen += len(message.get("body", b""))
-                if seen > self.limit:
+                if seen > limit:
                     rejected = True
-                    await self._reject(send)
+                    await self._reject(send, limit)
                     return {"type": "http.disconnect"}
             return message
 
@@ -79,8 +82,8 @@ class BodyLimit:
 
         await self.app(scope, guarded_receive, guarded_send)
 
-    async def _reject(self, send: Send) -> None:
-        err = PayloadTooLarge(f"Request body is larger than the limit of {self.limit} bytes.")
+    async def _reject(self, send: Send, limit: int) -> None:
+        err = PayloadTooLarge(f"Request body is larger than the limit of {limit} bytes.")
         await send_error(send, err, close=True)
 
 

@@ -10,7 +10,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from redline.api import sse
+from redline.api import jobs_routes, sse
 from redline.api.schemas import ChatCompletionRequest, CompletionRequest
 from redline.errors import InvalidRequest
 from redline.pipeline import AUTO, Completion, Pipeline
@@ -72,6 +72,8 @@ async def completions(body: CompletionRequest, request: Request) -> Response:
 
 async def _serve(request: Request, *, gen_kind: str, body: Any, gen: Any) -> Response:
     pipeline = _pipeline(request)
+    if jobs_routes.wants_job(body, gen, pipeline):  # tier B or "background": 202 + a job
+        return await jobs_routes.accept(request, body, gen, gen_kind)
     request_id = request.headers.get("x-request-id") or gen.id
     completion = await pipeline.complete(gen)
     shape = _ChatShape(gen.id, completion.model) if gen_kind == "chat" else _TextShape(

@@ -1,0 +1,78 @@
+"""Jobs: `GET /v1/jobs/{id}`, `DELETE /v1/jobs/{id}`, and the 202 answer that
+/v1/chat/completions and /v1/completions give for tier B or `"background": true`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from pydantic import ValidationError
+
+from redline.api.errors import validation_error
+from redline.api.schemas import ChatCompletionRequest, CompletionRequest
+from redline.errors import InvalidRequest, NotFound
+from redline.jobs.service import JobService, describe
+from redline.jobs.spec import ENDPOINTS, JobSpec
+from redline.pipeline import Pipeline
+from redline.types import GenerationRequest
+
+router = APIRouter()
+
+
+def _jobs(request: Request) -> JobService:
+    return request.app.state.jobs  # type: ignore[no-any-return]
+
+
+def decode_body(url: str, body: dict[str, Any]) -> JobSpec:
+    """A request body of `url` (a batch line, a scheduled job) as a job spec; bad bodies
+    raise InvalidRequest just as the live endpoint would answer them."""
+    endpoint = ENDPOINTS.get(url)
+    if endpoint is None:
+        raise InvalidRequest(f"Unsupported url {url!r}; use one of {sorted(ENDPOINTS)}.",
+                             param="url")
+    schema = ChatCompletionRequest if endpoint == "chat" else CompletionRequest
+    try:
+        parsed = schema.model_validate(body)
+    except ValidationError as exc:
+        raise validation_error(RequestValidationError(exc.errors())) from exc
+    return JobSpec.of(endpoint, parsed.to_generation(parsed.tier, "anonymous"))
+
+
+def wants_job(body: ChatCompletionRequest | CompletionRequest, gen: GenerationRequest,
+              pipeline: Pipeline) -> bool:
+    """`"background": true`, tier B asked for, or tier B chosen by the router for `auto`."""
+    if body.background or gen.tier == "B":
+        return True
+    return gen.tier is None and pipeline.router.decide(gen)[0] == "B"
+
+
+async def accept(request: Request, body: ChatCompletionRequest | CompletionRequest,
+                 gen: GenerationRequest, kind: str) -> JSONResponse:
+    """Queue the request as a job: 202 with the job object."""
+    request.app.state.pipeline.resolve(gen.model)  # 404 now, not in the job ("auto" stays)
+    gen.tier = "B"  # the worker serves it with tier B's budget (no tier-S shortening)
+    notify = body.notify.model_dump(exclude_none=True) if body.notify else {}
+    endpoint = "chat" if kind == "chat" else "text"
+    job = await _jobs(request).submit(JobSpec.of(endpoint, gen),
+                                      {k: v for k, v in notify.items()
+                                       if k in ("webhook", "email")})
+    return JSONResponse(job.public(), status_code=202,
+                        headers={"Location": f"/v1/jobs/{job.id}", "X-Redline-Tier": "B"})
+
+
+@router.get("/v1/jobs/{job_id}")
+async def get_job(job_id: str, request: Request) -> dict[str, Any]:
+    job = await _jobs(request).get(job_id)
+    if job is None:
+        raise NotFound(f"No job with id {job_id!r}.", param="job_id")
+    return describe(job)
+
+
+@router.delete("/v1/jobs/{job_id}")
+async def cancel_job(job_id: str, request: Request) -> dict[str, Any]:
+    job = await _jobs(request).cancel(job_id)
+    if job is None or job.kind != "completion":
+        raise NotFound(f"No job with id {job_id!r}.", param="job_id")
+    return job.public()

@@ -1,0 +1,62 @@
+"""Durable records for jobs, batches and files, with one atomic primitive.
+
+Why not `redline.store.Store`: a job's state machine needs compare-and-set (claim a
+queued job, finish only the attempt that holds the lease, send a notification once),
+which the Store protocol does not offer. `transact` gives it on both backends: an
+IMMEDIATE transaction on SQLite (the embedded default), WATCH/MULTI on Redis.
+
+Indexes are ordered sets (name → member → score) written in the same transaction as
+the record, so "which jobs are running" never disagrees with the records.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Protocol
+
+
+@dataclass
+class Write:
+    """What a transaction writes: the new value, and index changes (score, or None to
+    remove the member from that index)."""
+
+    value: bytes
+    indexes: dict[str, float | None] = field(default_factory=dict)
+
+
+Txn = Callable[[bytes | None], Write | None]  # None: write nothing
+
+
+class RecordStore(Protocol):
+    url: str
+
+    def get(self, key: str) -> bytes | None: ...
+
+    def put(self, key: str, value: bytes) -> None: ...
+
+    def delete(self, key: str) -> None: ...
+
+    def transact(self, key: str, fn: Txn) -> Write | None:
+        """Read `key`, call `fn(old)`, write what it returns, atomically. `fn` may be
+        called more than once (Redis retries on conflict): keep it pure."""
+        ...
+
+    def members(self, index: str) -> list[tuple[str, float]]:
+        """Every member of `index`, lowest score first."""
+        ...
+
+    def count(self, index: str) -> int: ...
+
+    def close(self) -> None: ...
+
+
+def open_records(url: str | None, sqlite_path: str) -> RecordStore:
+    """redis://… or rediss://… share records between machines; anything else is SQLite."""
+    if url and url.startswith(("redis://", "rediss://", "unix://")):
+        from redline.jobs.records_redis import RedisRecords
+
+        return RedisRecords(url)
+    from redline.jobs.records_sqlite import SQLiteRecords
+
+    return SQLiteRecords(sqlite_path)

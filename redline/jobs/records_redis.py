@@ -1,0 +1,66 @@
+"""Job records in Redis: shared by every server and `redline worker` on any machine.
+Redis must persist (AOF or RDB) for jobs to outlive a Redis restart."""
+
+from __future__ import annotations
+
+import redis
+
+from redline.jobs.records import Txn, Write
+
+PREFIX = "redline:jobs:"
+
+
+class RedisRecords:
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self._r = redis.Redis.from_url(url)
+
+    def _k(self, key: str) -> str:
+        return PREFIX + "kv:" + key
+
+    def _i(self, name: str) -> str:
+        return PREFIX + "idx:" + name
+
+    def get(self, key: str) -> bytes | None:
+        value = self._r.get(self._k(key))
+        return None if value is None else bytes(value)  # type: ignore[arg-type]
+
+    def put(self, key: str, value: bytes) -> None:
+        self._r.set(self._k(key), value)
+
+    def delete(self, key: str) -> None:
+        self._r.delete(self._k(key))
+
+    def transact(self, key: str, fn: Txn) -> Write | None:
+        k = self._k(key)
+        with self._r.pipeline() as pipe:
+            while True:
+                try:
+                    pipe.watch(k)
+                    old = pipe.get(k)
+                    write = fn(None if old is None else bytes(old))  # type: ignore[arg-type]
+                    if write is None:
+                        pipe.unwatch()
+                        return None
+                    pipe.multi()
+                    pipe.set(k, write.value)
+                    for name, score in write.indexes.items():
+                        if score is None:
+                            pipe.zrem(self._i(name), key)
+                        else:
+                            pipe.zadd(self._i(name), {key: score})
+                    pipe.execute()
+                    return write
+                except redis.WatchError:
+                    continue  # another writer won the race: read again
+
+    def members(self, index: str) -> list[tuple[str, float]]:
+        rows = self._r.zrange(self._i(index), 0, -1, withscores=True)
+        return [(m.decode() if isinstance(m, bytes) else str(m), float(s))
+                for m, s in rows]  # type: ignore[union-attr]
+
+    def count(self, index: str) -> int:
+        return int(self._r.zcard(self._i(index)))  # type: ignore[arg-type]
+
+    def close(self) -> None:
+        self._r.close()

@@ -1,0 +1,55 @@
+"""The request a job carries across the queue: a typed, JSON-serialisable copy of a
+`GenerationRequest` plus which OpenAI endpoint shape its answer takes."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any, Literal
+
+from redline.types import GenerationRequest, Message, SamplingParams
+
+Endpoint = Literal["chat", "text"]
+ENDPOINTS: dict[str, Endpoint] = {"/v1/chat/completions": "chat", "/v1/completions": "text"}
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    endpoint: Endpoint
+    model: str
+    sampling: dict[str, Any]
+    messages: list[tuple[str, str]] | None = None
+    prompt: str | None = None
+    tier: str | None = None
+    tenant: str = "anonymous"
+    use_cache: bool = True
+    user: str | None = None
+
+    @classmethod
+    def of(cls, endpoint: Endpoint, req: GenerationRequest) -> JobSpec:
+        sampling = asdict(req.sampling)
+        sampling["stop"] = list(req.sampling.stop)
+        return cls(endpoint=endpoint, model=req.model, sampling=sampling,
+                   messages=None if req.messages is None else
+                   [(m.role, m.content) for m in req.messages],
+                   prompt=req.prompt, tier=req.tier, tenant=req.tenant,
+                   use_cache=req.use_cache, user=req.user)
+
+    def request(self) -> GenerationRequest:
+        """A fresh request (new id, arrival now), as if it had just come in."""
+        sampling = dict(self.sampling)
+        sampling["stop"] = tuple(sampling.get("stop") or ())
+        return GenerationRequest(
+            model=self.model, sampling=SamplingParams(**sampling),
+            messages=None if self.messages is None else
+            tuple(Message(r, c) for r, c in self.messages),
+            prompt=self.prompt, tier=self.tier,  # type: ignore[arg-type]
+            tenant=self.tenant, use_cache=self.use_cache, user=self.user)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> JobSpec:
+        messages = d.get("messages")
+        return cls(**{**d, "messages": None if messages is None else
+                      [tuple(m) for m in messages]})
