@@ -43,7 +43,7 @@ test-fast: install
 	$(PY) -m pytest -q -m "not slow"
 
 bench: install
-	$(VENV)/bin/redline bench --help
+	$(PY) bench/engine_bench.py
 
 lint: install
 	$(VENV)/bin/ruff check redline tests

@@ -43,6 +43,7 @@ class ModelConfig(_Section):
     n_batch: int = Field(512, ge=32, description="tokens per decode step (chunked prefill)")
     n_threads: int = Field(0, ge=0, description="0 = all cores")
     warmup: bool = True
+    prefix_reuse: bool = True
     size_rank: int = Field(1, description="1 = smallest; routing orders models by it")
     # openai: a remote OpenAI-compatible engine
     url: str | None = None
@@ -82,68 +83,6 @@ class StreamsConfig(_Section):
     follow_stall_s: float = Field(60.0, gt=0, description="a resume through another replica gives up "
                                   "when its journal has no new event for this long")
     progress: bool = Field(True, description="chunks carry redline.progress (tokens, expected, eta)")
-
-
-class ApiKey(_Section):
-    """One API key: its sha256 hex digest (the plain key is never stored) and a name,
-    which becomes the request's tenant. `rpm`/`tpm` override the defaults in `limits`."""
-
-    name: str = Field(..., min_length=1)
-    sha256: str = Field(..., pattern=r"^[0-9a-fA-F]{64}$")
-    rpm: int | None = Field(None, ge=1)
-    tpm: int | None = Field(None, ge=1)
-
-
-class AuthConfig(_Section):
-    keys: list[ApiKey] = Field(default_factory=list, description="none = open (the embedded default)")
-    protect_ops: bool = Field(False, description="/healthz, /readyz, /metrics need a key too")
-
-
-class LimitsConfig(_Section):
-    """Per-tenant rate limits (429 + Retry-After) and the slow-client guards."""
-
-    rpm: int | None = Field(None, ge=1, description="requests per minute per key; None = no limit")
-    tpm: int | None = Field(None, ge=1, description="tokens per minute per key; None = no limit")
-    window_s: int = Field(60, ge=1, description="the window rpm and tpm count over; 60 = per minute")
-    storage_url: str | None = Field(None, description="limits storage; None: redis when store.url "
-                                    "is redis://, else memory")
-    header_timeout_s: float = Field(10.0, gt=0, description="request headers complete by then")
-    body_timeout_s: float = Field(30.0, gt=0, description="request body read whole by then")
-    keep_alive_s: float = Field(5.0, gt=0, description="idle keep-alive connections closed after")
-    max_connections: int = Field(1024, ge=1, description="more open connections: 503 at once")
-    drain_timeout_s: float = Field(30.0, ge=0, description="SIGTERM: running requests get this long")
-
-
-class StoreConfig(_Section):
-    """Where shared state lives (caches, stream journals, jobs, limits): one store per app."""
-
-    url: str | None = Field(None, description="memory://, sqlite:///relative.db, "
-                            "sqlite:////absolute.db or redis://host:port/db; "
-                            "None: sqlite file redline.db under server.data_dir")
-
-    @field_validator("url")
-    @classmethod
-    def _scheme(cls, url: str | None) -> str | None:
-        if url is not None and url.split("://", 1)[0] not in (
-                "memory", "sqlite", "redis", "rediss", "unix"):
-            raise ValueError(f"store.url {url!r}: use memory://, sqlite:///…, redis://…")
-        return url
-
-
-class CacheConfig(_Section):
-    """The response cache: exact, then semantic (see redline/cache/)."""
-
-    enabled: bool = True
-    ttl_s: float = Field(86400.0, gt=0, description="a cached answer is served this long")
-    max_entries: int = Field(10000, ge=1, description="answers kept; the oldest go first")
-    semantic: bool = Field(True, description="also serve answers to paraphrased questions")
-    similarity_threshold: float = Field(0.86, ge=0.0, le=1.0,
-                                        description="cosine similarity a semantic hit needs")
-    guard: bool = Field(True, description="refuse semantic hits whose questions differ in numbers, "
-                        "names, negation or opposite words")
-    cache_sampled: bool = Field(False, description="also cache requests with temperature > 0")
-    embedder_path: str | None = Field(None, description="sentence-transformers model dir; "
-                                      "None: the bundled all-MiniLM-L6-v2")
 
 
 class TierBudget(_Section):
@@ -235,8 +174,71 @@ class JobsConfig(_Section):
     schedule: list[ScheduledJob] = Field(default_factory=list)
 
 
+class ApiKey(_Section):
+    """One API key: its sha256 hex digest (the plain key is never stored) and a name,
+    which becomes the request's tenant. `rpm`/`tpm` override the defaults in `limits`."""
+
+    name: str = Field(..., min_length=1)
+    sha256: str = Field(..., pattern=r"^[0-9a-fA-F]{64}$")
+    rpm: int | None = Field(None, ge=1)
+    tpm: int | None = Field(None, ge=1)
+
+
+class AuthConfig(_Section):
+    keys: list[ApiKey] = Field(default_factory=list, description="none = open (the embedded default)")
+    protect_ops: bool = Field(False, description="/healthz, /readyz, /metrics need a key too")
+
+
+class LimitsConfig(_Section):
+    """Per-tenant rate limits (429 + Retry-After) and the slow-client guards."""
+
+    rpm: int | None = Field(None, ge=1, description="requests per minute per key; None = no limit")
+    tpm: int | None = Field(None, ge=1, description="tokens per minute per key; None = no limit")
+    window_s: int = Field(60, ge=1, description="the window rpm and tpm count over; 60 = per minute")
+    storage_url: str | None = Field(None, description="limits storage; None: redis when store.url "
+                                    "is redis://, else memory")
+    header_timeout_s: float = Field(10.0, gt=0, description="request headers complete by then")
+    body_timeout_s: float = Field(30.0, gt=0, description="request body read whole by then")
+    keep_alive_s: float = Field(5.0, gt=0, description="idle keep-alive connections closed after")
+    max_connections: int = Field(1024, ge=1, description="more open connections: 503 at once")
+    drain_timeout_s: float = Field(30.0, ge=0, description="SIGTERM: running requests get this long")
+
+
+class StoreConfig(_Section):
+    """Where shared state lives (caches, stream journals, jobs, limits): one store per app."""
+
+    url: str | None = Field(None, description="memory://, sqlite:///relative.db, "
+                            "sqlite:////absolute.db or redis://host:port/db; "
+                            "None: sqlite file redline.db under server.data_dir")
+
+    @field_validator("url")
+    @classmethod
+    def _scheme(cls, url: str | None) -> str | None:
+        if url is not None and url.split("://", 1)[0] not in (
+                "memory", "sqlite", "redis", "rediss", "unix"):
+            raise ValueError(f"store.url {url!r}: use memory://, sqlite:///…, redis://…")
+        return url
+
+
+class CacheConfig(_Section):
+    """The response cache: exact, then semantic (see redline/cache/)."""
+
+    enabled: bool = True
+    ttl_s: float = Field(86400.0, gt=0, description="a cached answer is served this long")
+    max_entries: int = Field(10000, ge=1, description="answers kept; the oldest go first")
+    semantic: bool = Field(True, description="also serve answers to paraphrased questions")
+    similarity_threshold: float = Field(0.86, ge=0.0, le=1.0,
+                                        description="cosine similarity a semantic hit needs")
+    guard: bool = Field(True, description="refuse semantic hits whose questions differ in numbers, "
+                        "names, negation or opposite words")
+    cache_sampled: bool = Field(False, description="also cache requests with temperature > 0")
+    embedder_path: str | None = Field(None, description="sentence-transformers model dir; "
+                                      "None: the bundled all-MiniLM-L6-v2")
+
+
 class TelemetryConfig(_Section):
-    metrics: bool = True
+    metrics: bool = Field(True, description="false: Prometheus metrics and live stats record nothing")
+    slow_log_size: int = Field(200, ge=1, description="long-tail records kept (ring, and in the store)")
 
 
 class RedlineConfig(BaseSettings):
@@ -249,10 +251,12 @@ class RedlineConfig(BaseSettings):
     default_model: str | None = None
     streams: StreamsConfig = StreamsConfig()
     telemetry: TelemetryConfig = TelemetryConfig()
-    jobs: JobsConfig = JobsConfig()
-    routing: RoutingConfig = RoutingConfig()
     auth: AuthConfig = AuthConfig()
     limits: LimitsConfig = LimitsConfig()
+    jobs: JobsConfig = JobsConfig()
+    routing: RoutingConfig = RoutingConfig()
+    store: StoreConfig = StoreConfig()
+    cache: CacheConfig = CacheConfig()
 
     @field_validator("models")
     @classmethod
@@ -271,6 +275,8 @@ class RedlineConfig(BaseSettings):
             self.default_model = names[0]
         elif self.default_model not in names:
             raise ValueError(f"default_model {self.default_model!r} is not one of {names}")
+        if self.store.url is None:  # four slashes when data_dir is absolute (see store.factory)
+            self.store.url = f"sqlite:///{Path(self.server.data_dir, 'redline.db')}"
         return self
 
     @classmethod

@@ -34,7 +34,8 @@ class LocalBackend:
         path = Path(cfg.path) if cfg.path else bundled_path(cfg.bundled or "", self._models_dir)
         self.model = LlamaModel(str(path), self.cfg.chat_template)
         self.engine = Engine(self.model, n_ctx_per_seq=self.cfg.n_ctx, n_seq_max=self.cfg.n_seq_max,
-                             n_batch=self.cfg.n_batch, n_threads=self.cfg.n_threads)
+                             n_batch=self.cfg.n_batch, n_threads=self.cfg.n_threads,
+                             prefix_reuse=self.cfg.prefix_reuse)
 
     async def warmup(self) -> None:
         """Touch every code path once (prefill, batched decode) so the first user

@@ -1,0 +1,216 @@
+"""Issue 2's figures, measured side by side in one run on the bundled SmolLM2:
+
+1. total output tok/s at concurrency 8: redline vs `python -m llama_cpp.server` vs the
+   in-process batched ceiling (our engine called directly, no HTTP);
+2. TTFT p50 at concurrency 4: redline vs llama_cpp.server;
+3. TTFT with a ~400-token shared system prompt: prefix reuse on vs off.
+
+    .venv/bin/python bench/engine_bench.py            # builds .bench-venv for llama_cpp.server
+
+llama_cpp.server runs from its own venv (.bench-venv, `llama-cpp-python[server]`, the same
+llama.cpp build) with `--interrupt_requests False`: its default cuts a running stream off
+when another request arrives, which is no baseline for concurrency.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from redline.bench.cli import QUESTIONS, system_prompt  # noqa: E402
+from redline.bench.loadgen import RunResult, Target, run_closed  # noqa: E402
+from redline.bench.report import percentile, summarize, table  # noqa: E402
+from redline.models import bundled_path  # noqa: E402
+
+MODEL = "smollm2-135m-instruct"
+LONG_ANSWERS = [q for q in QUESTIONS if q.startswith(("Write", "Describe", "Explain", "Summarize"))]
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_ready(url: str, path: str, timeout: float = 180) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(url + path, timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    raise TimeoutError(url)
+
+
+def bench_venv() -> Path:
+    venv = ROOT / ".bench-venv"
+    py = venv / "bin" / "python"
+    if not py.exists():
+        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+        subprocess.run([str(py), "-m", "pip", "install", "-q", "llama-cpp-python[server]==0.3.36"],
+                       check=True, env={**os.environ, "CMAKE_BUILD_PARALLEL_LEVEL": "2"})
+    return py
+
+
+def start_redline(tmp: Path, prefix_reuse: bool = True) -> tuple[subprocess.Popen[bytes], str]:
+    port = free_port()
+    cfg = {"server": {"port": port, "data_dir": str(tmp / f"data-{port}")},
+           "models": [{"name": MODEL, "bundled": MODEL, "n_seq_max": 8, "n_ctx": 2048,
+                       "prefix_reuse": prefix_reuse}],
+           "streams": {"resume_grace_s": 0}}
+    path = tmp / f"redline-{port}.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    proc = subprocess.Popen([sys.executable, "-m", "redline.cli", "serve", "--config", str(path)],
+                            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    wait_ready(url, "/readyz")
+    return proc, url
+
+
+def start_llamacpp(model_path: Path) -> tuple[subprocess.Popen[bytes], str]:
+    port = free_port()
+    proc = subprocess.Popen(
+        [str(bench_venv()), "-m", "llama_cpp.server", "--model", str(model_path), "--port", str(port),
+         "--n_ctx", "2048", "--n_threads", "2", "--interrupt_requests", "False",
+         "--model_alias", MODEL],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    wait_ready(url, "/v1/models")
+    return proc, url
+
+
+def body_maker(max_tokens: int, system_words: int = 0):  # type: ignore[no-untyped-def]
+    system = system_prompt(system_words) if system_words else None
+
+    def body(i: int) -> dict:  # type: ignore[type-arg]
+        msgs = [{"role": "user", "content": f"{LONG_ANSWERS[i % len(LONG_ANSWERS)]} (#{i})"}]
+        if system:
+            msgs.insert(0, {"role": "system", "content": system})
+        return {"messages": msgs, "max_tokens": max_tokens, "temperature": 0}
+
+    return body
+
+
+async def in_process_ceiling(max_tokens: int) -> dict[int, float]:
+    from redline.engine.engine import Engine
+    from redline.engine.llama import LlamaModel
+    from redline.types import Message, SamplingParams
+
+    model = LlamaModel(str(bundled_path(MODEL, ROOT / ".redline" / "models")))
+    engine = Engine(model, n_ctx_per_seq=2048, n_seq_max=8, n_batch=512, n_threads=0)
+    sp = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+    out = {}
+    try:
+        async def one(i: int) -> None:
+            msgs = (Message("user", f"{LONG_ANSWERS[i % len(LONG_ANSWERS)]} (#{i})"),)
+            tokens = model.tokenize(model.render_chat(msgs), add_special=False)
+            async for _ in engine.generate(tokens, sp):
+                pass
+
+        await asyncio.gather(*(one(i) for i in range(8)))  # warm
+        for c in (1, 8):
+            t0 = time.perf_counter()
+            for r in range(2):
+                await asyncio.gather(*(one(r * c + i) for i in range(c)))
+            out[c] = 2 * c * max_tokens / (time.perf_counter() - t0)
+    finally:
+        engine.close()
+        model.close()
+    return out
+
+
+async def interleaved(targets: list[Target], body, concurrency: int, n: int, rounds: int) -> list[RunResult]:  # type: ignore[no-untyped-def]
+    results: dict[str, RunResult] = {}
+    for r in range(rounds):
+        for t in targets if r % 2 == 0 else targets[::-1]:
+            res = await run_closed(t, body, concurrency, n)
+            if t.name in results:
+                prev = results[t.name]
+                res = RunResult(t.name, concurrency, None, prev.wall_s + res.wall_s, prev.samples + res.samples)
+            results[t.name] = res
+    return [results[t.name] for t in targets]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--requests", type=int, default=16, help="per target, load level and round")
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--max-tokens", type=int, default=64)
+    args = ap.parse_args()
+    model_path = bundled_path(MODEL, ROOT / ".redline" / "models")
+    tmp = Path(tempfile.mkdtemp(prefix="redline-bench-"))
+
+    ceiling = asyncio.run(in_process_ceiling(args.max_tokens))
+    print(f"in-process engine: 1 seq {ceiling[1]:.1f} tok/s, 8 batched {ceiling[8]:.1f} tok/s")
+
+    procs = []
+    try:
+        p1, redline_url = start_redline(tmp)
+        p2, llama_url = start_llamacpp(model_path)
+        procs += [p1, p2]
+        no_cache = {"cache": False}  # measure the engine, not the response cache
+        targets = [Target("redline", redline_url, MODEL, extra=no_cache),
+                   Target("llama_cpp.server", llama_url, MODEL)]
+        body = body_maker(args.max_tokens)
+        for t in targets:
+            asyncio.run(run_closed(t, body, 2, 4))  # warm both
+        out = {}
+        for c in (4, 8):
+            out[c] = asyncio.run(interleaved(targets, body, c, args.requests, args.rounds))
+        print(table([summarize(r) for c in (4, 8) for r in out[c]]))
+        p1.terminate()
+        p1.wait()
+        p2.terminate()
+        p2.wait()
+        procs.clear()
+
+        p3, reuse_url = start_redline(tmp, prefix_reuse=True)
+        procs.append(p3)
+        p4, plain_url = start_redline(tmp, prefix_reuse=False)
+        procs.append(p4)
+        pt = [Target("prefix-reuse", reuse_url, MODEL, extra=no_cache),
+              Target("no-reuse", plain_url, MODEL, extra=no_cache)]
+        sys_body = body_maker(8, system_words=300)
+        for t in pt:
+            asyncio.run(run_closed(t, sys_body, 1, 2))
+        pref = asyncio.run(interleaved(pt, sys_body, 1, args.requests, args.rounds))
+        print(table([summarize(r) for r in pref]))
+        prompt_tokens = httpx.post(f"{reuse_url}/v1/chat/completions", timeout=60,
+                                   json={"model": MODEL, **sys_body(999), **no_cache}).json()["usage"]["prompt_tokens"]
+    finally:
+        for p in procs:
+            p.terminate()
+            p.wait()
+
+    s = {c: [summarize(r) for r in out[c]] for c in out}
+    red8, lcs8 = s[8][0].tok_s, s[8][1].tok_s
+    red4, lcs4 = s[4][0].ttft[0], s[4][1].ttft[0]
+    reuse = percentile([x.ttft for x in pref[0].samples if x.ok], 50)
+    plain = percentile([x.ttft for x in pref[1].samples if x.ok], 50)
+    print()
+    print("figure                                         result        baseline       ratio   goal")
+    print(f"c=8 total tok/s vs llama_cpp.server            {red8:8.1f}      {lcs8:8.1f}     {red8 / lcs8:6.2f}x  >= 3x")
+    print(f"c=8 total tok/s vs in-process batched ceiling  {red8:8.1f}      {ceiling[8]:8.1f}     {red8 / ceiling[8]:6.2f}x  >= 0.8x")
+    print(f"c=4 TTFT p50 ms vs llama_cpp.server            {red4 * 1000:8.0f}      {lcs4 * 1000:8.0f}     {red4 / lcs4:6.2f}x  <= 0.25x")
+    print(f"TTFT p50 ms, {prompt_tokens}-token prompt, reuse vs none {reuse * 1000:8.0f}      {plain * 1000:8.0f}     {reuse / plain:6.2f}x  <= 0.3x")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
