@@ -62,6 +62,37 @@ def bench(args: argparse.Namespace) -> int:
     return run(args)
 
 
+def _worker_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", help="YAML config file (the server's: same store.url, models)")
+
+
+@command("worker", "run queued jobs and batches (no HTTP); with store.url = redis://… "
+         "any number share the queue")(_worker_args)
+def worker(args: argparse.Namespace) -> int:
+    import asyncio
+    import signal
+
+    from redline.api.app import create_app
+
+    cfg = load_config(args.config)
+    cfg = cfg.model_copy(update={"jobs": cfg.jobs.model_copy(update={"worker_in_server": True})})
+    logging.basicConfig(level=cfg.server.log_level.upper(),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # the same app as `serve` (pipeline, cache, routing), run for its lifespan only
+    app = create_app(cfg)
+
+    async def run() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        async with app.router.lifespan_context(app):
+            await stop.wait()  # then running jobs go back to the queue
+
+    asyncio.run(run())
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="redline", description="low-latency LLM serving")
     sub = parser.add_subparsers(dest="command", required=True)

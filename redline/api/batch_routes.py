@@ -117,7 +117,7 @@ async def create_batch(body: CreateBatch, request: Request) -> dict[str, Any]:
 @router.get("/v1/batches")
 async def list_batches(request: Request, after: str | None = None,
                        limit: int = 20) -> dict[str, Any]:
-    jobs = await _jobs(request).batches()
+    jobs = await _jobs(request).list_batches()
     return _page([describe_batch(j) for j in jobs], after, _limit(limit))
 
 

@@ -130,6 +130,7 @@ class JobBook:
         def fn(job: Job) -> bool:
             if job.status != "running" or job.attempts != attempt:
                 return False
+            job.meta["worker"] = job.owner  # who ran it (operations; the tests check it)
             _finalize(job, status, now)
             job.result, job.error = result, error
             if meta:

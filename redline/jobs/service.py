@@ -135,7 +135,7 @@ class JobService:
             await self.notifier.deliver(job)
         return job
 
-    async def batches(self) -> list[Job]:
+    async def list_batches(self) -> list[Job]:
         out = []
         for job_id, _ in reversed(await self.book.ids("kind:batch")):
             job = await self.book.get(job_id)
