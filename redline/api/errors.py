@@ -13,7 +13,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from redline.errors import InvalidRequest, NotFound, RedlineError
+from redline.errors import InvalidRequest, NotFound, RedlineError, RequestTimeout
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +71,8 @@ def install(app: FastAPI) -> None:
     async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
         if exc.status_code == 404:
             err: RedlineError = NotFound("Not found: no such route or object.")
+        elif exc.status_code == 408:  # middleware.BodyTimeout
+            err = RequestTimeout(str(exc.detail))
         else:
             err = RedlineError(str(exc.detail))
             err.status = exc.status_code
