@@ -10,6 +10,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from redis.exceptions import RedisError
+
 from redline.config import JobsConfig
 from redline.errors import InvalidRequest
 from redline.jobs.batch import BatchRunner, Decode, RunContext, describe_batch, parse_input
@@ -24,6 +26,7 @@ from redline.jobs.schedule import Scheduler
 from redline.jobs.spec import JobSpec
 from redline.jobs.worker import Outcome, Worker
 from redline.pipeline import Pipeline
+from redline.store.base import StoreUnavailable
 from redline.types import new_id
 
 log = logging.getLogger(__name__)
@@ -90,9 +93,13 @@ class JobService:
         return True
 
     async def _accept(self, job: Job) -> None:
-        if not await self.book.create(job):
-            raise InvalidRequest(f"a job with id {job.id} exists")
-        await self.queue.push(job.id)
+        try:
+            if not await self.book.create(job):
+                raise InvalidRequest(f"a job with id {job.id} exists")
+            await self.queue.push(job.id)
+        except RedisError as exc:  # Redis down: refuse (503), never 202 for a job we cannot keep
+            raise StoreUnavailable("The job queue is unavailable; the job was not accepted. "
+                                   "Retry shortly.", retry_after=1) from exc
         self.worker.wake()
 
     async def submit_batch(self, input_file_id: str, endpoint: str, completion_window: str,
