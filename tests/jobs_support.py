@@ -144,3 +144,57 @@ def ready(url: str) -> bool:
         return httpx.get(url + "/readyz", timeout=2).status_code == 200
     except httpx.HTTPError:
         return False
+
+
+class Proc:
+    """A `python -m …` subprocess with its log in `tmp`; stopped by `stop()`."""
+
+    def __init__(self, args: list[str], tmp: Path, name: str) -> None:
+        import os
+        import sys
+
+        from conftest import ROOT
+
+        self.log_path = tmp / f"{name}.log"
+        self.proc = subprocess.Popen([sys.executable, "-m", *args], cwd=ROOT,
+                                     env={**os.environ, "HF_HUB_OFFLINE": "1"},
+                                     stdout=open(self.log_path, "ab"), stderr=subprocess.STDOUT)
+
+    def stop(self, sig: int | None = None) -> None:
+        if self.proc.poll() is None:
+            if sig is None:
+                self.proc.terminate()
+            else:
+                self.proc.send_signal(sig)
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+
+def start_upstream(tmp: Path, tpot: float = 0.02) -> tuple[Proc, str]:
+    """The fake OpenAI-compatible engine (real HTTP): a job of n tokens takes n*tpot s."""
+    port = free_port()
+    p = Proc(["redline.backends.fake_upstream", "--port", str(port), "--ttft", "0.02",
+              "--tpot", str(tpot)], tmp, f"upstream-{port}")
+    url = f"http://127.0.0.1:{port}"
+    wait_until(lambda: _up(url + "/v1/models"), timeout=30)
+    return p, url
+
+
+def _up(url: str) -> bool:
+    try:
+        return httpx.get(url, timeout=2).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def upstream_config(url: str, **jobs: Any) -> dict[str, Any]:
+    return {"models": [{"name": "up", "backend": "openai", "url": url, "n_ctx": 4096}],
+            "routing": {"classifier": "off"},
+            "jobs": {"lease_s": 2, "webhook_allow_private": True, "webhook_backoff_s": 0.1,
+                     **jobs}}
