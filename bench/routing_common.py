@@ -1,0 +1,149 @@
+"""Shared parts of the routing benchmarks: fake upstreams and redline gateways as real
+processes on free loopback ports, and a streaming client that records TTFT per request."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+MACHINE = "2-core x86_64 VM, 24 GiB, no GPU"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_up(url: str, path: str = "/readyz", timeout: float = 180.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(url + path, timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.1)
+    raise TimeoutError(url)
+
+
+class Procs:
+    """Processes started by one benchmark; all are stopped at the end."""
+
+    def __init__(self) -> None:
+        self.procs: list[subprocess.Popen[bytes]] = []
+        self.tmp = Path(tempfile.mkdtemp(prefix="redline-bench-"))
+
+    def start(self, args: list[str], url: str, path: str = "/readyz") -> str:
+        log = open(self.tmp / f"p{len(self.procs)}.log", "wb")
+        env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+        self.procs.append(subprocess.Popen(args, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT))
+        wait_up(url, path)
+        return url
+
+    def upstream(self, **opts: Any) -> str:
+        port = free_port()
+        args = [sys.executable, "-m", "redline.backends.fake_upstream", "--port", str(port)]
+        for k, v in opts.items():
+            args += [f"--{k.replace('_', '-')}", str(v)]
+        return self.start(args, f"http://127.0.0.1:{port}")
+
+    def gateway(self, models: list[dict[str, Any]], **sections: Any) -> str:
+        port = free_port()
+        cfg = {"server": {"port": port, "data_dir": str(self.tmp / f"data{port}"), "log_level": "warning"},
+               "models": models, "cache": {"enabled": False}, **sections}
+        path = self.tmp / f"gw{port}.yaml"
+        path.write_text(yaml.safe_dump(cfg))
+        return self.start([sys.executable, "-m", "redline.cli", "serve", "--config", str(path)],
+                          f"http://127.0.0.1:{port}")
+
+    def stop(self) -> None:
+        for p in self.procs:
+            p.terminate()
+        for p in self.procs:
+            try:
+                p.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                p.kill()
+
+
+@dataclass
+class Result:
+    ok: bool
+    status: int = 0
+    ttft: float = 0.0
+    total: float = 0.0
+    tier: str = ""
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+async def stream_once(client: httpx.AsyncClient, url: str, body: dict[str, Any],
+                      headers: dict[str, str] | None = None, tier: str = "") -> Result:
+    t0 = time.perf_counter()
+    ttft = None
+    try:
+        async with client.stream("POST", f"{url}/v1/chat/completions", json={**body, "stream": True},
+                                 headers=headers or {}) as r:
+            if r.status_code != 200:
+                await r.aread()
+                return Result(False, r.status_code, tier=tier)
+            async for line in r.aiter_lines():
+                if not line.startswith("data:") or ttft is not None:
+                    if line.strip() == "data: [DONE]":
+                        break
+                    continue
+                data = line[5:].strip()
+                if data == "[DONE]":
+                    break
+                choices = json.loads(data).get("choices") or []
+                if choices and choices[0].get("delta", {}).get("content"):
+                    ttft = time.perf_counter() - t0
+            total = time.perf_counter() - t0
+            return Result(ttft is not None, 200, ttft or total, total, tier, dict(r.headers))
+    except httpx.HTTPError:
+        return Result(False, 0, tier=tier)
+
+
+def pct(xs: list[float], q: float) -> float:
+    if not xs:
+        return float("nan")
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, max(0, round(q / 100 * (len(xs) - 1))))]
+
+
+def summary(xs: list[float]) -> dict[str, float]:
+    return {"n": len(xs), "p50": pct(xs, 50), "p90": pct(xs, 90), "p99": pct(xs, 99),
+            "mean": statistics.fmean(xs) if xs else float("nan")}
+
+
+async def upstream_stats(url: str) -> dict[str, int]:
+    async with httpx.AsyncClient() as c:
+        return (await c.get(f"{url}/stats")).json()  # type: ignore[no-any-return]
+
+
+async def closed_loop(url: str, bodies: list[dict[str, Any]], concurrency: int,
+                      headers: dict[str, str] | None = None) -> list[Result]:
+    queue = list(enumerate(bodies))
+    out: list[Result | None] = [None] * len(bodies)
+    limits = httpx.Limits(max_connections=concurrency * 2, max_keepalive_connections=concurrency * 2)
+    async with httpx.AsyncClient(timeout=120, limits=limits) as client:
+        async def worker() -> None:
+            while queue:
+                i, b = queue.pop(0)
+                out[i] = await stream_once(client, url, b, headers)
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+    return [r for r in out if r is not None]

@@ -1,0 +1,70 @@
+"""Gateway overhead: added TTFT in front of a fast fake upstream (TTFT 0, 1 ms/token,
+16 tokens) at 64 concurrent streams: direct to the upstream, through redline, and through
+LiteLLM's proxy, all in the same run on the same upstream. LiteLLM lives in its own venv
+(`python3 -m venv /tmp/litellm-venv && /tmp/litellm-venv/bin/pip install 'litellm[proxy]'`).
+Usage: flock /tmp/redline-cpu.lock .venv/bin/python bench/routing_overhead.py
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+from pathlib import Path
+
+import yaml
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from routing_common import Procs, closed_loop, free_port, summary  # noqa: E402
+
+
+def litellm(procs: Procs, upstream: str, venv: Path) -> str:
+    port = free_port()
+    cfg = {"model_list": [{"model_name": "m", "litellm_params": {
+        "model": "openai/m", "api_base": f"{upstream}/v1", "api_key": "none"}}],
+        "litellm_settings": {"drop_params": True}}
+    path = procs.tmp / "litellm.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return procs.start([str(venv / "bin" / "litellm"), "--config", str(path), "--port", str(port),
+                        "--num_workers", "1"], f"http://127.0.0.1:{port}", "/health/liveliness")
+
+
+async def run(n: int, concurrency: int, venv: Path | None) -> dict[str, object]:
+    procs = Procs()
+    try:
+        up = procs.upstream(ttft=0.0, tpot=0.001)
+        targets = {"direct": up,
+                   "redline": procs.gateway([{"name": "m", "backend": "openai", "url": up}],
+                                            routing={"classifier": "off"})}
+        if venv is not None and (venv / "bin" / "litellm").exists():
+            targets["litellm"] = litellm(procs, up, venv)
+        body = {"model": "m", "max_tokens": 16, "messages": [{"role": "user", "content": "hi"}]}
+        out: dict[str, object] = {}
+        for name, url in targets.items():
+            await closed_loop(url, [body] * 200, concurrency)  # warm up
+            res = await closed_loop(url, [body] * n, concurrency)
+            ok = [r for r in res if r.ok]
+            out[name] = {"answered": len(ok), "ttft": summary([r.ttft for r in ok]),
+                         "total": summary([r.total for r in ok])}
+        direct = out["direct"]["ttft"]  # type: ignore[index]
+        for name in targets:
+            if name != "direct":
+                t = out[name]["ttft"]  # type: ignore[index]
+                out[name]["added_ttft_ms"] = {q: (t[q] - direct[q]) * 1000 for q in ("p50", "p99")}  # type: ignore[index]
+        return out
+    finally:
+        procs.stop()
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("-n", type=int, default=3000)
+    p.add_argument("-c", "--concurrency", type=int, default=64)
+    p.add_argument("--litellm-venv", default="/tmp/litellm-venv")
+    a = p.parse_args()
+    print(json.dumps(asyncio.run(run(a.n, a.concurrency, Path(a.litellm_venv))), indent=2))
+
+
+if __name__ == "__main__":
+    main()
