@@ -2,7 +2,8 @@
 in the store so that a client can resume on any replica that shares it.
 
     stream:<id>:events   list, event seq N at index N-1 (seq counts from 1)
-    stream:<id>:meta     present while the stream can be resumed; gone = 404
+    stream:<id>:meta     present while the stream can be resumed; gone = 404.
+                         "live <owner>" while generating, "done <n events>" after
     stream:<id>:reader   set (short TTL) while a client follows from another replica,
                          so that the producing replica keeps generating
 
@@ -44,14 +45,16 @@ class Journal:
         return f"stream:{stream_id}:reader"
 
     async def open(self, stream_id: str, owner: str) -> bool:
-        return await self._safe(self.store.set(self._meta(stream_id), owner.encode(), self.ttl_s))
+        return await self._safe(self.store.set(self._meta(stream_id), f"live {owner}".encode(),
+                                               self.ttl_s))
 
     async def append(self, stream_id: str, event: bytes) -> bool:
         return await self._safe(self.store.append(self._events(stream_id), event, self.ttl_s))
 
-    async def finish(self, stream_id: str, owner: str) -> bool:
-        # refresh the meta TTL so that it lives as long as the events it announces
-        return await self._safe(self.store.set(self._meta(stream_id), owner.encode(), self.ttl_s))
+    async def finish(self, stream_id: str, n_events: int) -> bool:
+        # also refreshes the meta TTL, so that it lives as long as the events it announces
+        return await self._safe(self.store.set(self._meta(stream_id), f"done {n_events}".encode(),
+                                               self.ttl_s))
 
     async def drop(self, stream_id: str) -> None:
         """An aborted stream cannot be resumed: forget it (resumes get 404)."""
@@ -60,6 +63,14 @@ class Journal:
 
     async def exists(self, stream_id: str) -> bool:
         return await self.store.get(self._meta(stream_id)) is not None
+
+    async def state(self, stream_id: str) -> tuple[bool, int | None]:
+        """(known, events in all when finished else None)."""
+        meta = await self.store.get(self._meta(stream_id))
+        if meta is None:
+            return False, None
+        kind, _, rest = meta.decode(errors="replace").partition(" ")
+        return True, int(rest) if kind == "done" and rest.isdigit() else None
 
     async def read(self, stream_id: str, after: int) -> list[bytes]:
         """Events with seq > `after`."""

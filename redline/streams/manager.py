@@ -21,15 +21,13 @@ import os
 import time
 from collections.abc import AsyncIterator, Callable
 
-from typing import cast
-
 from redline.config import StreamsConfig
 from redline.errors import NotFound
 from redline.store.base import Store, StoreUnavailable
+from redline.store.memory import MemoryStore
 from redline.streams.history import LengthHistory
 from redline.streams.journal import Journal, is_done
 from redline.streams.live import LiveStream
-from redline.streams.local_store import LocalJournalStore
 from redline.streams.progress import Progress
 from redline.telemetry.metrics import Metrics
 from redline.types import GenerationRequest
@@ -45,7 +43,7 @@ class StreamManager:
                  store: Callable[[], Store | None] = lambda: None) -> None:
         self.cfg = cfg
         self.metrics = metrics
-        self._store = store  # resolved late: the app opens its store in the lifespan
+        self._store = store  # resolved late: the app may open or replace its store later
         self._fallback: Store | None = None
         self.owner = f"{os.uname().nodename}:{os.getpid()}:{id(self):x}"
         self.live: dict[str, LiveStream] = {}
@@ -56,7 +54,7 @@ class StreamManager:
         store = self._store()
         if store is None:
             if self._fallback is None:
-                self._fallback = cast(Store, LocalJournalStore())
+                self._fallback = MemoryStore()  # an app without a store: this process only
             store = self._fallback
         return Journal(store, self.cfg.journal_ttl_s)
 
@@ -98,7 +96,7 @@ class StreamManager:
             if aborted:
                 await journal.drop(live.id)
             elif journaled:
-                await journal.finish(live.id, self.owner)
+                await journal.finish(live.id, len(live.events))
             # finished: later resumes replay from the journal; without a working
             # journal, keep the live copy until the journal TTL would have run out
             if aborted or journaled:
@@ -176,6 +174,10 @@ class StreamManager:
         await journal.mark_reader(stream_id, READER_TTL_S)
         finished = False
         try:
+            known, total = await journal.state(stream_id)
+            if not known or (total is not None and seq >= total):
+                finished = True  # nothing after `after`: the [DONE] event is behind it
+                return
             while True:
                 events = await journal.read(stream_id, seq)
                 now = time.monotonic()
@@ -191,8 +193,9 @@ class StreamManager:
                 if now - last_mark >= READER_TTL_S / 3:
                     last_mark = now
                     await journal.mark_reader(stream_id, READER_TTL_S)
-                    if not await journal.exists(stream_id):
-                        return  # abandoned by its producer
+                    known, total = await journal.state(stream_id)
+                    if not known or (total is not None and seq >= total):
+                        return  # abandoned by its producer, or `after` was past its end
                 if now - last_event > self.cfg.follow_stall_s:
                     log.warning("stream %s: no event for %.0f s, giving up", stream_id,
                                 self.cfg.follow_stall_s)
