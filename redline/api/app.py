@@ -11,7 +11,16 @@ from pathlib import Path
 
 from fastapi import FastAPI
 
-from redline.api import batch_routes, errors, jobs_routes, openai_routes, ops_routes, stream_routes
+from redline.api import (
+    admin_routes,
+    batch_routes,
+    errors,
+    jobs_routes,
+    openai_routes,
+    ops_routes,
+    stream_routes,
+    web_routes,
+)
 from redline.api.auth import Auth, document
 from redline.api.limits import RateLimit, TenantLimiter
 from redline.api.middleware import BodyLimit, BodyTimeout, ReadyGate
@@ -22,6 +31,8 @@ from redline.jobs.service import JobService
 from redline.pipeline import Pipeline
 from redline.routing.router import Router
 from redline.streams import StreamManager
+from redline.telemetry.live import LiveStats
+from redline.telemetry.longtail import LongTailLog
 from redline.telemetry.metrics import Metrics
 
 log = logging.getLogger(__name__)
@@ -42,7 +53,7 @@ def build_backend(cfg: ModelConfig, models_dir: Path) -> Backend:
 
 def create_app(config: RedlineConfig, backends: Mapping[str, Backend] | None = None) -> FastAPI:
     """Build the app. `backends` replaces the configured ones (tests pass fakes)."""
-    metrics = Metrics()
+    metrics = Metrics(enabled=config.telemetry.metrics)
     if backends is None:
         models_dir = config.data_path("models", ".keep").parent
         backends = {m.name: build_backend(m, models_dir) for m in config.models}
@@ -72,6 +83,7 @@ def create_app(config: RedlineConfig, backends: Mapping[str, Backend] | None = N
     app.state.metrics = metrics
     app.state.draining = False
     app.state.started_at = time.time()
+    _telemetry(app, pipeline, config)
     app.state.streams = StreamManager(config.streams, metrics,
                                       store=lambda: getattr(app.state, "store", None))
     pipeline.observers.append(app.state.streams.history)
@@ -86,6 +98,8 @@ def create_app(config: RedlineConfig, backends: Mapping[str, Backend] | None = N
     app.include_router(stream_routes.router)
     app.include_router(jobs_routes.router)
     app.include_router(batch_routes.router)
+    app.include_router(admin_routes.router)
+    web_routes.install(app)
     # outermost last: BodyLimit → BodyTimeout → Auth → ReadyGate → RateLimit → CountInflight
     app.state.inflight = Inflight()
     app.add_middleware(CountInflight, inflight=app.state.inflight)
@@ -98,6 +112,17 @@ def create_app(config: RedlineConfig, backends: Mapping[str, Backend] | None = N
                        per_path={"/v1/files": config.jobs.max_file_bytes + 64 * 1024})
     document(app, config.auth)
     return app
+
+
+def _telemetry(app: FastAPI, pipeline: Pipeline, config: RedlineConfig) -> None:
+    """Long-tail log (always: it is the SLO record) and live stats (with metrics on)."""
+    budgets = config.routing.tiers
+    app.state.longtail = LongTailLog(budgets, pipeline.metrics, config.telemetry.slow_log_size,
+                                     store=lambda: getattr(app.state, "store", None))
+    pipeline.observers.append(app.state.longtail)
+    app.state.live = LiveStats(budgets) if config.telemetry.metrics else None
+    if app.state.live is not None:
+        pipeline.observers.append(app.state.live)
 
 
 async def _start(pipeline: Pipeline) -> None:

@@ -1,0 +1,75 @@
+"""Metrics: the names of DESIGN.md, the off switch, hardware gauges."""
+
+from __future__ import annotations
+
+import time
+
+from fastapi.testclient import TestClient
+from prometheus_client.parser import text_string_to_metric_families
+
+from redline.api.app import create_app
+from redline.backends.fake import FakeBackend
+from redline.config import load_config
+from redline.telemetry.hardware import Hardware, HardwareCollector
+from redline.telemetry.metrics import Metrics
+
+DESIGN_NAMES = [
+    "redline_time_to_first_token_seconds", "redline_time_per_output_token_seconds",
+    "redline_e2e_request_latency_seconds", "redline_queue_time_seconds", "redline_stage_seconds",
+    "redline_requests", "redline_cache_lookups", "redline_slo_violations",
+    "redline_stream_interruptions", "redline_stream_resumes", "redline_jobs", "redline_backend_up",
+    "redline_cpu_utilization",
+]
+
+
+def families(text: str) -> dict[str, str]:
+    return {f.name: f.type for f in text_string_to_metric_families(text)}
+
+
+def test_every_design_metric_is_exported() -> None:
+    found = families(Metrics().render().decode())
+    missing = [n for n in DESIGN_NAMES if n not in found]
+    assert not missing
+    assert found["redline_time_to_first_token_seconds"] == "histogram"
+    assert found["redline_memory_utilization"] == "gauge"
+
+
+def test_off_metrics_offer_every_attribute_and_record_nothing() -> None:
+    on, off = Metrics(), Metrics(enabled=False)
+    names = [n for n, v in vars(on).items() if hasattr(v, "labels") or hasattr(v, "inc")]
+    assert len(names) >= 14
+    for name in names:
+        metric = getattr(off, name)
+        metric.labels("S", "m", "miss").observe(1.0)
+        metric.inc()
+        metric.dec()
+        metric.set(1)
+    assert list(off.registry.collect()) == []
+    assert off.value("redline_requests_total", {"status": "200"}) == 0.0
+
+
+def test_config_metrics_false_turns_recording_off() -> None:
+    cfg = load_config(telemetry={"metrics": False})
+    app = create_app(cfg, backends={"fake": FakeBackend()})
+    with TestClient(app) as client:
+        while client.get("/readyz").status_code != 200:
+            time.sleep(0.01)
+        r = client.post("/v1/chat/completions", json={
+            "model": "fake", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3})
+        assert r.status_code == 200
+        assert "redline_" not in client.get("/metrics").text.replace("redline:", "")
+        stats = client.get("/v1/admin/stats").json()
+        assert stats["metrics_enabled"] is False and stats["live"] is None
+
+
+def test_hardware_gauges_without_gpu_skip_cleanly() -> None:
+    hw = Hardware(min_interval_s=0.0)
+    sum(i * i for i in range(200_000))  # some CPU time between two samples
+    sample = hw.sample()
+    assert 0.0 <= sample.cpu_utilization <= 1.0
+    assert 0.0 < sample.memory_utilization < 1.0
+    assert sample.process_rss_bytes > 0
+    names = [f.name for f in HardwareCollector(hw).collect()]
+    assert names[:2] == ["redline_cpu_utilization", "redline_memory_utilization"]
+    # GPU gauges appear exactly when NVML reports a device (none on this machine)
+    assert ("redline_gpu_utilization" in names) == bool(sample.gpus)
