@@ -110,7 +110,10 @@ class Router:
             return tier, self._chain(name), decision
         if rule is not None and rule.model is not None:
             return tier, self._chain(rule.model), decision
-        complex_ = tier == "B" or (decision is not None and decision.difficulty == "complex")
+        # tier S is served small-first (DESIGN: cache, small model, hedged): a large model's
+        # queue is what makes interactive answers miss; complex ones go large in A and B
+        complex_ = tier == "B" or (tier == "A" and decision is not None
+                                   and decision.difficulty == "complex")
         order = list(reversed(self._by_size)) if complex_ else list(self._by_size)
         return tier, order, decision
 
