@@ -182,6 +182,17 @@ async def test_another_replica_follows_through_the_shared_journal_and_keeps_it_a
     assert head + tail == whole and len(whole) == 301
 
 
+async def test_another_tenant_cannot_resume_a_stream():
+    m = _manager(grace=5)
+    live = m.start("strm-x", Source(50, delay=0.001).events(), tenant="alice")
+    with pytest.raises(NotFound):
+        await m.open("strm-x", 0, tenant="bob")
+    await live.producer
+    with pytest.raises(NotFound):
+        await m.open("strm-x", 0, tenant="bob")  # from the journal too
+    assert len(await _collect(await m.open("strm-x", 0, tenant="alice"))) == 51
+
+
 async def test_unknown_stream_is_not_found():
     with pytest.raises(NotFound):
         await _manager(grace=1).open("strm-nope", 0)

@@ -87,7 +87,7 @@ async def _serve(request: Request, *, gen_kind: str, body: Any, gen: Any) -> Res
         streams: StreamManager = request.app.state.streams
         progress = streams.progress(gen, completion.model, completion.tier)
         live = streams.start(stream_id, _sse(completion, shape, stream_id, body.include_usage,
-                                             progress))
+                                             progress), tenant=gen.tenant)
         return StreamingResponse(streams.follow(live), media_type="text/event-stream",
                                  headers=headers)
     text = []

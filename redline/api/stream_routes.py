@@ -10,6 +10,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
 
 from redline.api import sse
+from redline.api.tenant import tenant_of
 from redline.errors import InvalidRequest
 from redline.streams import StreamManager
 
@@ -39,7 +40,7 @@ async def resume_stream(stream_id: str, request: Request) -> StreamingResponse:
     streams: StreamManager = request.app.state.streams
     after = _after(stream_id, request.headers.get("last-event-id"),
                    request.query_params.get("after"))
-    events = await streams.open(stream_id, after)
+    events = await streams.open(stream_id, after, tenant=tenant_of(request))
     headers = {"X-Redline-Stream-Id": stream_id, "Cache-Control": "no-cache",
                "X-Accel-Buffering": "no"}
     return StreamingResponse(events, media_type="text/event-stream", headers=headers)

@@ -2,8 +2,7 @@
 in the store so that a client can resume on any replica that shares it.
 
     stream:<id>:events   list, event seq N at index N-1 (seq counts from 1)
-    stream:<id>:meta     present while the stream can be resumed; gone = 404.
-                         "live <owner>" while generating, "done <n events>" after
+    stream:<id>:meta     a StreamMeta, present while the stream can be resumed (gone: 404)
     stream:<id>:reader   set (short TTL) while a client follows from another replica,
                          so that the producing replica keeps generating
 
@@ -13,8 +12,10 @@ works only on the producing replica, from its live buffer).
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Awaitable
+from dataclasses import asdict, dataclass
 
 from redline.store.base import Store, StoreUnavailable
 
@@ -25,6 +26,24 @@ DONE_EVENT_TAIL = b"data: [DONE]\n\n"
 
 def is_done(event: bytes) -> bool:
     return event.endswith(DONE_EVENT_TAIL)
+
+
+@dataclass(frozen=True)
+class StreamMeta:
+    tenant: str  # only this tenant may resume it
+    owner: str  # the replica that produces it
+    events: int | None = None  # how many in all, once finished
+
+    def encode(self) -> bytes:
+        return json.dumps(asdict(self)).encode()
+
+    @classmethod
+    def decode(cls, raw: bytes) -> StreamMeta | None:
+        try:
+            data = json.loads(raw)
+            return cls(str(data["tenant"]), str(data["owner"]), data.get("events"))
+        except (ValueError, KeyError, TypeError):
+            return None  # not ours, or from an incompatible version: unknown
 
 
 class Journal:
@@ -44,33 +63,24 @@ class Journal:
     def _reader(stream_id: str) -> str:
         return f"stream:{stream_id}:reader"
 
-    async def open(self, stream_id: str, owner: str) -> bool:
-        return await self._safe(self.store.set(self._meta(stream_id), f"live {owner}".encode(),
-                                               self.ttl_s))
+    async def open(self, stream_id: str, meta: StreamMeta) -> bool:
+        return await self._safe(self.store.set(self._meta(stream_id), meta.encode(), self.ttl_s))
 
     async def append(self, stream_id: str, event: bytes) -> bool:
         return await self._safe(self.store.append(self._events(stream_id), event, self.ttl_s))
 
-    async def finish(self, stream_id: str, n_events: int) -> bool:
+    async def finish(self, stream_id: str, meta: StreamMeta) -> bool:
         # also refreshes the meta TTL, so that it lives as long as the events it announces
-        return await self._safe(self.store.set(self._meta(stream_id), f"done {n_events}".encode(),
-                                               self.ttl_s))
+        return await self._safe(self.store.set(self._meta(stream_id), meta.encode(), self.ttl_s))
 
     async def drop(self, stream_id: str) -> None:
         """An aborted stream cannot be resumed: forget it (resumes get 404)."""
         await self._safe(self.store.delete(self._meta(stream_id)))
         await self._safe(self.store.delete(self._events(stream_id)))
 
-    async def exists(self, stream_id: str) -> bool:
-        return await self.store.get(self._meta(stream_id)) is not None
-
-    async def state(self, stream_id: str) -> tuple[bool, int | None]:
-        """(known, events in all when finished else None)."""
-        meta = await self.store.get(self._meta(stream_id))
-        if meta is None:
-            return False, None
-        kind, _, rest = meta.decode(errors="replace").partition(" ")
-        return True, int(rest) if kind == "done" and rest.isdigit() else None
+    async def meta(self, stream_id: str) -> StreamMeta | None:
+        raw = await self.store.get(self._meta(stream_id))
+        return None if raw is None else StreamMeta.decode(raw)
 
     async def read(self, stream_id: str, after: int) -> list[bytes]:
         """Events with seq > `after`."""

@@ -10,8 +10,9 @@ from collections.abc import AsyncIterator
 
 
 class LiveStream:
-    def __init__(self, stream_id: str) -> None:
+    def __init__(self, stream_id: str, tenant: str = "anonymous") -> None:
         self.id = stream_id
+        self.tenant = tenant
         self.events: list[bytes] = []  # event seq N at index N-1
         self.done = False  # no more events will come
         self.aborted = False  # ended early: nobody came back within the grace period

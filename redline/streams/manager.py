@@ -26,7 +26,7 @@ from redline.errors import NotFound
 from redline.store.base import Store, StoreUnavailable
 from redline.store.memory import MemoryStore
 from redline.streams.history import LengthHistory
-from redline.streams.journal import Journal, is_done
+from redline.streams.journal import Journal, StreamMeta, is_done
 from redline.streams.live import LiveStream
 from redline.streams.progress import Progress
 from redline.telemetry.metrics import Metrics
@@ -65,25 +65,23 @@ class StreamManager:
         return Progress(self.history.predict(request, model, tier))
 
     # ---- producing ------------------------------------------------------------
-    def start(self, stream_id: str, events: AsyncIterator[bytes]) -> LiveStream:
+    def start(self, stream_id: str, events: AsyncIterator[bytes],
+              tenant: str = "anonymous") -> LiveStream:
         """Run `events` (the encoded SSE events of one completion) to the end, or until
         abandoned. Returns at once; read it with `follow`."""
-        live = LiveStream(stream_id)
+        live = LiveStream(stream_id, tenant)
         self.live[stream_id] = live
         live.producer = asyncio.create_task(self._produce(live, events), name=f"stream {stream_id}")
         return live
 
     async def _produce(self, live: LiveStream, events: AsyncIterator[bytes]) -> None:
-        journal = self.journal
-        journaled: bool | None = None  # opened on the first event, after it went live
+        # the journal is written by its own task, following the live buffer: readers
+        # here never wait on the store, and a slow store only delays the journal
+        writer = asyncio.create_task(self._write_journal(live), name=f"journal {live.id}")
         aborted = True
         try:
             async for event in events:
                 await live.push(event)
-                if journaled is None:
-                    journaled = await journal.open(live.id, self.owner)
-                if journaled:
-                    journaled = await journal.append(live.id, event)
             aborted = False
         except asyncio.CancelledError:
             pass  # abandoned (grace over) or shutting down
@@ -94,9 +92,10 @@ class StreamManager:
                 await _aclose(events)  # frees the engine sequence if still running
             await live.end(aborted=aborted)
             if aborted:
-                await journal.drop(live.id)
-            elif journaled:
-                await journal.finish(live.id, len(live.events))
+                writer.cancel()
+            journaled = (await asyncio.gather(writer, return_exceptions=True))[0] is True
+            if aborted:
+                await self.journal.drop(live.id)
             # finished: later resumes replay from the journal; without a working
             # journal, keep the live copy until the journal TTL would have run out
             if aborted or journaled:
@@ -105,19 +104,36 @@ class StreamManager:
                 asyncio.get_running_loop().call_later(
                     self.cfg.journal_ttl_s, self.live.pop, live.id, None)
 
+    async def _write_journal(self, live: LiveStream) -> bool:
+        journal = self.journal
+        if not await journal.open(live.id, StreamMeta(live.tenant, self.owner)):
+            return False
+        async for event in live.read(0):
+            if not await journal.append(live.id, event):
+                return False
+        if live.aborted:
+            return False
+        return await journal.finish(live.id, StreamMeta(live.tenant, self.owner, len(live.events)))
+
     # ---- reading --------------------------------------------------------------
-    async def open(self, stream_id: str, after: int) -> AsyncIterator[bytes]:
+    async def open(self, stream_id: str, after: int,
+                   tenant: str = "anonymous") -> AsyncIterator[bytes]:
         """A resume: the events after `after`, then live ones, then [DONE].
-        Raises NotFound for an unknown, expired or abandoned stream."""
+        Raises NotFound for an unknown, expired or abandoned stream, and for one of
+        another tenant (whose existence is not revealed)."""
         live = self.live.get(stream_id)
-        if live is None or live.aborted:
+        if live is not None and not live.aborted:
+            known = live.tenant == tenant
+        else:
+            live = None
             try:
-                known = await self.journal.exists(stream_id)
+                meta = await self.journal.meta(stream_id)
             except StoreUnavailable:
-                known = False
-            if not known:
-                raise NotFound(f"No stream with id '{stream_id}' (unknown, expired or abandoned).",
-                               param="stream_id")
+                meta = None
+            known = meta is not None and meta.tenant == tenant
+        if not known:
+            raise NotFound(f"No stream with id '{stream_id}' (unknown, expired or abandoned).",
+                           param="stream_id")
         self.metrics.stream_resumes.inc()
         if live is not None:
             return self.follow(live, after)
@@ -174,8 +190,7 @@ class StreamManager:
         await journal.mark_reader(stream_id, READER_TTL_S)
         finished = False
         try:
-            known, total = await journal.state(stream_id)
-            if not known or (total is not None and seq >= total):
+            if _past_end(await journal.meta(stream_id), seq):
                 finished = True  # nothing after `after`: the [DONE] event is behind it
                 return
             while True:
@@ -193,8 +208,7 @@ class StreamManager:
                 if now - last_mark >= READER_TTL_S / 3:
                     last_mark = now
                     await journal.mark_reader(stream_id, READER_TTL_S)
-                    known, total = await journal.state(stream_id)
-                    if not known or (total is not None and seq >= total):
+                    if _past_end(await journal.meta(stream_id), seq):
                         return  # abandoned by its producer, or `after` was past its end
                 if now - last_event > self.cfg.follow_stall_s:
                     log.warning("stream %s: no event for %.0f s, giving up", stream_id,
@@ -212,6 +226,11 @@ class StreamManager:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def _past_end(meta: StreamMeta | None, seq: int) -> bool:
+    """No event after `seq` will ever come: the stream is gone, or finished before it."""
+    return meta is None or (meta.events is not None and seq >= meta.events)
 
 
 async def _aclose(it: AsyncIterator[bytes]) -> None:
