@@ -23,6 +23,7 @@ import time
 from collections.abc import AsyncIterator, Iterator, Mapping
 from typing import Any
 
+import httpx
 import openai
 from openai import AsyncOpenAI, AsyncStream, OpenAI, Stream
 from openai.types.chat import ChatCompletionChunk
@@ -93,38 +94,58 @@ def _header_id(stream: Stream[Any] | AsyncStream[Any]) -> str | None:
     return stream.response.headers.get(STREAM_ID_HEADER)
 
 
+class _Retries:
+    """How many resumes are left, and how long to wait before the next one: at once
+    after a break that made progress, with doubling waits while none does."""
+
+    def __init__(self, max_resumes: int, backoff_s: float) -> None:
+        self.left, self.backoff_s = max_resumes, backoff_s
+        self.idle = 0  # resumes in a row without a new event
+        self.seq = -1
+
+    def next_wait(self, position: _Position, error: BaseException | None) -> float:
+        if position.stream_id is None or self.left <= 0:
+            if error is not None:
+                raise error
+            raise openai.APIConnectionError(
+                message="the stream broke and could not be resumed",
+                request=httpx.Request("GET", "/v1/streams"))
+        self.left -= 1
+        self.idle = self.idle + 1 if position.seq == self.seq else 0
+        self.seq = position.seq
+        return 0.0 if self.idle == 0 else self.backoff_s * 2 ** (self.idle - 1)
+
+
 def stream_chat(client: OpenAI, *, max_resumes: int = 5, backoff_s: float = 0.05,
                 **params: Any) -> Iterator[ChatCompletionChunk]:
-    """`client.chat.completions.create(stream=True, **params)` that resumes by itself
-    (at most `max_resumes` times, waiting `backoff_s`, doubled each time, after the
-    second try in a row without progress)."""
+    """`client.chat.completions.create(stream=True, **params)` that resumes by itself,
+    at most `max_resumes` times (the resume request failing counts as one)."""
     body, options = _request(params)
     position = _Position()
-    stream = client.post("/chat/completions", body=body, options=options,  # type: ignore[call-overload]
-                         cast_to=ChatCompletionChunk, stream=True, stream_cls=_TrackedStream)
-    resumes = 0
+    retries = _Retries(max_resumes, backoff_s)
+    stream: _TrackedStream | None = client.post(  # type: ignore[call-overload]
+        "/chat/completions", body=body, options=options, cast_to=ChatCompletionChunk,
+        stream=True, stream_cls=_TrackedStream)
     while True:
-        stream.position = position
-        position.stream_id = position.stream_id or _header_id(stream)
-        seq_before = position.seq
+        error: BaseException | None = None
+        if stream is not None:
+            stream.position = position
+            position.stream_id = position.stream_id or _header_id(stream)
+            try:
+                yield from stream
+            except _BROKEN as exc:
+                error = exc
+            finally:
+                stream.close()
+            if position.done:
+                return
+        time.sleep(retries.next_wait(position, error))
         try:
-            yield from stream
+            stream = client.get(f"/streams/{position.stream_id}",  # type: ignore[call-overload]
+                                options=_resume_options(options, position),
+                                cast_to=ChatCompletionChunk, stream=True, stream_cls=_TrackedStream)
         except _BROKEN:
-            if position.stream_id is None:
-                raise
-        finally:
-            stream.close()
-        if position.done:
-            return
-        if position.stream_id is None or resumes >= max_resumes:
-            raise openai.APIConnectionError(message="the stream broke and could not be resumed",
-                                            request=stream.response.request)
-        resumes += 1
-        if position.seq == seq_before and resumes > 1:
-            time.sleep(backoff_s * 2 ** (resumes - 2))
-        stream = client.get(f"/streams/{position.stream_id}",  # type: ignore[call-overload]
-                            options=_resume_options(options, position),
-                            cast_to=ChatCompletionChunk, stream=True, stream_cls=_TrackedStream)
+            stream = None
 
 
 async def astream_chat(client: AsyncOpenAI, *, max_resumes: int = 5, backoff_s: float = 0.05,
@@ -132,31 +153,28 @@ async def astream_chat(client: AsyncOpenAI, *, max_resumes: int = 5, backoff_s: 
     """`stream_chat` for `AsyncOpenAI`."""
     body, options = _request(params)
     position = _Position()
-    stream = await client.post("/chat/completions", body=body,  # type: ignore[call-overload]
-                               options=options, cast_to=ChatCompletionChunk, stream=True,
-                               stream_cls=_AsyncTrackedStream)
-    resumes = 0
+    retries = _Retries(max_resumes, backoff_s)
+    stream: _AsyncTrackedStream | None = await client.post(  # type: ignore[call-overload]
+        "/chat/completions", body=body, options=options, cast_to=ChatCompletionChunk,
+        stream=True, stream_cls=_AsyncTrackedStream)
     while True:
-        stream.position = position
-        position.stream_id = position.stream_id or _header_id(stream)
-        seq_before = position.seq
+        error: BaseException | None = None
+        if stream is not None:
+            stream.position = position
+            position.stream_id = position.stream_id or _header_id(stream)
+            try:
+                async for chunk in stream:
+                    yield chunk
+            except _BROKEN as exc:
+                error = exc
+            finally:
+                await stream.close()
+            if position.done:
+                return
+        await asyncio.sleep(retries.next_wait(position, error))
         try:
-            async for chunk in stream:
-                yield chunk
+            stream = await client.get(  # type: ignore[call-overload]
+                f"/streams/{position.stream_id}", options=_resume_options(options, position),
+                cast_to=ChatCompletionChunk, stream=True, stream_cls=_AsyncTrackedStream)
         except _BROKEN:
-            if position.stream_id is None:
-                raise
-        finally:
-            await stream.close()
-        if position.done:
-            return
-        if position.stream_id is None or resumes >= max_resumes:
-            raise openai.APIConnectionError(message="the stream broke and could not be resumed",
-                                            request=stream.response.request)
-        resumes += 1
-        if position.seq == seq_before and resumes > 1:
-            await asyncio.sleep(backoff_s * 2 ** (resumes - 2))
-        stream = await client.get(f"/streams/{position.stream_id}",  # type: ignore[call-overload]
-                                  options=_resume_options(options, position),
-                                  cast_to=ChatCompletionChunk, stream=True,
-                                  stream_cls=_AsyncTrackedStream)
+            stream = None

@@ -114,10 +114,23 @@ def test_client_helper_resumes_across_random_cuts(fake_server):
     port = int(fake_server.url.rsplit(":", 1)[1])
     whole = _text(stream_chat(_client(fake_server.url), **FAKE))
     rng = random.Random(1)
-    with CuttingProxy(port, lambda: rng.randrange(300, 40_000)) as proxy:
+    with CuttingProxy(port, lambda: rng.randrange(1_500, 40_000)) as proxy:
         for _ in range(10):
             assert _text(stream_chat(_client(proxy.url), max_resumes=50, **FAKE)) == whole
         assert proxy.cuts >= 10
+
+
+def test_client_helper_retries_a_resume_that_breaks_before_its_headers(fake_server):
+    port = int(fake_server.url.rsplit(":", 1)[1])
+    whole = _text(stream_chat(_client(fake_server.url), **FAKE))
+    budgets = iter([3_000, 60, 60, None])
+    with CuttingProxy(port, lambda: next(budgets, None)) as proxy:
+        assert _text(stream_chat(_client(proxy.url), max_resumes=3, backoff_s=0.01, **FAKE)) == whole
+        assert proxy.cuts == 3
+    budgets = iter([3_000, 60, 60, None])
+    with CuttingProxy(port, lambda: next(budgets, None)) as proxy, pytest.raises(
+            openai.APIConnectionError):
+        _text(stream_chat(_client(proxy.url), max_resumes=2, backoff_s=0.01, **FAKE))
 
 
 def test_async_client_helper_resumes(fake_server):
@@ -132,7 +145,7 @@ def test_async_client_helper_resumes(fake_server):
         await client.close()
         return "".join(out)
 
-    with CuttingProxy(port, lambda: rng.randrange(300, 40_000)) as proxy:
+    with CuttingProxy(port, lambda: rng.randrange(1_500, 40_000)) as proxy:
         assert asyncio.run(run()) == whole
 
 
@@ -220,7 +233,7 @@ def test_openai_client_helper_through_random_cuts(resumable_server):
     assert len(whole) > 100
     rng = random.Random(11)
     resumes = _metric(url, "redline_stream_resumes_total")
-    with CuttingProxy(port, lambda: rng.randrange(200, 8_000)) as proxy:
+    with CuttingProxy(port, lambda: rng.randrange(1_500, 8_000)) as proxy:
         for _ in range(8):
             assert _text(stream_chat(_client(proxy.url), max_resumes=100, **CHAT)) == whole
         assert proxy.cuts >= 8
