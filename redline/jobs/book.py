@@ -143,9 +143,11 @@ class JobBook:
 
         return await self._change(job_id, fn)
 
-    async def release(self, job_id: str, attempt: int | None = None) -> Job | None:
+    async def release(self, job_id: str, attempt: int | None = None,
+                      refund: bool = False) -> Job | None:
         """running → queued: the worker stops (shutdown, retryable error) or died (lease
-        expired; attempt None). The caller enqueues the id again."""
+        expired; attempt None). The caller enqueues the id again. `refund`: the attempt
+        does not count (the job was shed before it started)."""
         now = time.time()
 
         def fn(job: Job) -> bool:
@@ -156,6 +158,8 @@ class JobBook:
             if attempt is None and job.lease_until > now:
                 return False
             job.status, job.owner, job.lease_until, job.enqueued_at = "queued", None, 0.0, now
+            if refund:
+                job.attempts -= 1
             return True
 
         return await self._change(job_id, fn)

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from redline.config import JobsConfig
-from redline.errors import RedlineError
+from redline.errors import Overloaded, RedlineError
 from redline.jobs.batch import RunContext
 from redline.jobs.book import JobBook
 from redline.jobs.model import NOTIFY_INDEX, Job, Status
@@ -119,9 +119,14 @@ class Worker:
                 outcome = Outcome("cancelled")
             else:  # shutting down: give the job back
                 beat.cancel()
-                if await self.book.release(job_id, ctx.attempt) is not None:
+                if await self.book.release(job_id, ctx.attempt, refund=True) is not None:
                     await self.queue.push(job_id)
                 raise
+        except Overloaded as exc:  # shed by admission control: try later, no attempt spent
+            await asyncio.sleep(min(30.0, exc.retry_after or 1.0))
+            if await self.book.release(job_id, ctx.attempt, refund=True) is not None:
+                await self.queue.push(job_id)
+            return
         except RedlineError as exc:
             outcome = await self._failure(job, ctx, exc.status, exc.to_dict()["error"])
         except Exception as exc:
