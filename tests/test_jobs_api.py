@@ -25,6 +25,7 @@ CHAT = {"model": "fake", "messages": [{"role": "user", "content": "write a repor
 
 def make_client(tmp_path: Path, backend: FakeBackend | None = None, **jobs: Any) -> TestClient:
     cfg = load_config(server={"data_dir": str(tmp_path / "data")}, routing={"classifier": "off"},
+                      cache={"semantic": False},
                       jobs={"lease_s": 3, "webhook_backoff_s": 0.05, **jobs})
     app = create_app(cfg, backends={"fake": backend or FakeBackend()})
     return TestClient(app)
@@ -157,10 +158,11 @@ def test_jobs_gauge(client: TestClient) -> None:
 
 
 def test_scheduled_precompute_once_per_minute(tmp_path: Path) -> None:
-    schedule = [{"name": "daily-report", "cron": "*/5 * * * *",
-                 "body": {"model": "fake", "messages": [{"role": "user", "content": "kpis"}],
-                          "max_tokens": 2}}]
-    with make_client(tmp_path, schedule=schedule) as c:
+    body = {"model": "fake", "messages": [{"role": "user", "content": "kpis"}],
+            "max_tokens": 2, "temperature": 0}
+    schedule = [{"name": "daily-report", "cron": "*/5 * * * *", "body": body}]
+    backend = FakeBackend()
+    with make_client(tmp_path, backend=backend, schedule=schedule) as c:
         wait_until(lambda: c.get("/readyz").status_code == 200)
         jobs = c.app.state.jobs  # type: ignore[attr-defined]
         minute = dt.datetime(2025, 1, 1, 10, 5)
@@ -171,3 +173,9 @@ def test_scheduled_precompute_once_per_minute(tmp_path: Path) -> None:
         done = wait_job(c, created[0])
         assert done["status"] == "succeeded"
         assert done["result"]["choices"][0]["message"]["content"] == "lorem ipsum"
+        # the precomputed answer is in the cache: the user's question is a hit
+        calls = backend.calls
+        r = c.post("/v1/chat/completions", json=body)
+        assert r.status_code == 200 and r.headers["x-redline-cache"] == "hit"
+        assert r.json()["choices"][0]["message"]["content"] == "lorem ipsum"
+        assert backend.calls == calls

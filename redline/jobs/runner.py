@@ -3,12 +3,16 @@ to the end (cache, routing and engine all apply)."""
 
 from __future__ import annotations
 
+import dataclasses
+import time
 from typing import Any
 
+from redline.cache import CachedAnswer
 from redline.errors import BackendError
 from redline.jobs.shapes import response_body
 from redline.jobs.spec import JobSpec
 from redline.pipeline import Pipeline
+from redline.types import Usage
 
 
 async def run_request(pipeline: Pipeline, spec: JobSpec) -> dict[str, Any]:
@@ -24,5 +28,23 @@ async def run_request(pipeline: Pipeline, spec: JobSpec) -> dict[str, Any]:
         text.append(chunk.text)
     if error is not None:
         raise BackendError(error)
+    if spec.refresh_cache:
+        await _refresh(pipeline, spec, completion.model, "".join(text),
+                       completion.finish_reason, completion.usage)
     return response_body(spec.endpoint, request.id, completion.model, "".join(text),
                          completion.finish_reason, completion.usage)
+
+
+async def _refresh(pipeline: Pipeline, spec: JobSpec, model: str, text: str,
+                   finish_reason: str | None, usage: Usage | None) -> None:
+    """Put a precomputed answer in the response cache under the key a user's identical
+    question looks up (the run itself bypassed the lookup, so the pipeline stored nothing)."""
+    cache = pipeline.cache
+    if cache is None or finish_reason not in ("stop", "length"):
+        return
+    asked = dataclasses.replace(spec, use_cache=True, refresh_cache=False).request()
+    if not cache.cacheable(asked):
+        return
+    u = usage or Usage(0, 0)
+    await cache.put(asked, CachedAnswer(model, text, finish_reason, u.prompt_tokens,
+                                        u.completion_tokens, None, time.time()))

@@ -55,7 +55,8 @@ class Scheduler:
                 log.error("scheduled job %s: bad body: %s", entry.name, exc.message)
                 continue
             # a refresh: skip the cache lookup so the answer is new, and store it
-            spec = JobSpec(**{**spec.to_dict(), "use_cache": False, "tier": "B"})
+            spec = JobSpec(**{**spec.to_dict(), "use_cache": False, "refresh_cache": True,
+                              "tier": "B"})
             job_id = f"job-sched-{entry.name}-{minute:%Y%m%d%H%M}"
             if await self.submit(job_id, spec):
                 created.append(job_id)

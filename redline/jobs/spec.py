@@ -23,6 +23,7 @@ class JobSpec:
     tenant: str = "anonymous"
     use_cache: bool = True
     user: str | None = None
+    refresh_cache: bool = False  # scheduled precompute: skip the lookup, store the answer
 
     @classmethod
     def of(cls, endpoint: Endpoint, req: GenerationRequest) -> JobSpec:
