@@ -87,7 +87,7 @@ def create_app(config: RedlineConfig, backends: Mapping[str, Backend] | None = N
     app.state.streams = StreamManager(config.streams, metrics,
                                       store=lambda: getattr(app.state, "store", None))
     pipeline.observers.append(app.state.streams.history)
-    app.state.limiter = TenantLimiter(config.limits, config.auth.keys)
+    app.state.limiter = TenantLimiter(config.limits, config.auth.keys, config.store.url)
     pipeline.observers.append(app.state.limiter)  # charges each answer's tokens
     app.state.jobs = JobService(config.jobs, Path(config.server.data_dir), config.store.url,
                                 pipeline, metrics.jobs, jobs_routes.decode_body)
