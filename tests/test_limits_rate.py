@@ -105,3 +105,12 @@ def test_official_client_rate_limit_error_and_retry_after(live_app: Any) -> None
     out = patient.chat.completions.create(**CHAT)
     assert out.choices[0].finish_reason == "length"
     assert seen == [429, 200]
+
+
+@pytest.mark.slow
+def test_replicas_share_counters_in_redis(make_client: Any, redis_url: str) -> None:
+    cfg = config(rpm=3).model_copy(update={"store": RedlineConfig(store={"url": redis_url}).store})
+    a, b = make_client(cfg), make_client(cfg)
+    assert [chat(c, KEY_A).status_code for c in (a, b, a)] == [200, 200, 200]
+    r = chat(b, KEY_A)  # the fourth, on either replica, is over the shared quota
+    assert r.status_code == 429 and "retry-after" in r.headers
