@@ -2,20 +2,28 @@
 
 Each protocol method is one round trip; the ones that set a TTL alongside a write use a
 MULTI/EXEC pipeline so the TTL can never be lost between two commands. Connection and
-timeout failures become `StoreUnavailable`, so callers can fail open.
+timeout failures become `StoreUnavailable`, so callers can fail open; after one, a
+breaker answers `StoreUnavailable` at once for `BREAKER_S` instead of trying Redis on
+every call (a dead or unreachable Redis would otherwise cost each request a connect).
 """
 
 from __future__ import annotations
 
+import inspect
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 import redis.asyncio as aioredis
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from redline.store.base import StoreUnavailable
 
 T = TypeVar("T")
+
+BREAKER_S = 2.0
 
 
 def _ms(ttl: float) -> int:
@@ -28,10 +36,22 @@ class RedisStore:
         # URL query parameters (e.g. ?socket_timeout=5) win over these defaults
         self._r = aioredis.Redis.from_url(url, socket_connect_timeout=2.0, socket_timeout=2.0,
                                           health_check_interval=30)
+        self.open_until = 0.0  # the breaker: fail fast until then
+
+    @property
+    def available(self) -> bool:
+        return time.monotonic() >= self.open_until
 
     async def _call(self, aw: Awaitable[T]) -> T:
+        if not self.available:
+            if inspect.iscoroutine(aw):
+                aw.close()
+            raise StoreUnavailable("redis store: unavailable (breaker open)")
         try:
             return await aw
+        except (RedisConnectionError, RedisTimeoutError) as exc:
+            self.open_until = time.monotonic() + BREAKER_S
+            raise StoreUnavailable(f"redis store: {type(exc).__name__}: {exc}") from exc
         except RedisError as exc:
             raise StoreUnavailable(f"redis store: {type(exc).__name__}: {exc}") from exc
 
