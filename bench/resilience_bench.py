@@ -158,7 +158,8 @@ def redis_kill(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     phases: dict[str, list[tuple[float, int, bool]]] = {}
     try:
         asyncio.run(load(server.url, 3, args.concurrency, prompt_kinds=1_000_000))
-        phases["redis_up"] = asyncio.run(load(server.url, args.seconds, args.concurrency, prompt_kinds=1_000_000))
+        phases["redis_up"] = asyncio.run(load(server.url, args.seconds, args.concurrency,
+                                              prompt_kinds=1_000_000))
         killed_at = time.monotonic()
 
         async def kill_now() -> None:
