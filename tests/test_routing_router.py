@@ -190,3 +190,18 @@ async def test_fcfs_mode_is_the_plain_baseline(two: dict[str, FakeBackend]) -> N
     got = await r.open(req("what is the capital of France?"))
     assert (got.model, got.tier) == ("small", "S")  # the default model, tier S
     await drain(got)
+
+
+async def test_a_due_breaker_lets_one_probe_through_at_a_time() -> None:
+    from redline.routing.breaker import Breakers
+
+    b = Breakers(threshold=1, ttl_s=0.01)
+    with pytest.raises(RuntimeError):
+        async with b.guard("x"):
+            raise RuntimeError("upstream down")
+    assert b.is_open("x")
+    await asyncio.sleep(0.02)
+    assert not b.is_open("x")  # due: one probe may go
+    async with b.guard("x"):
+        assert b.is_open("x")  # the probe is in flight: the others wait
+    assert not b.is_open("x")  # it succeeded: closed

@@ -26,15 +26,21 @@ class Breakers:
                                                             GeneratorExit])
         self.ttl_s = ttl_s
         self._breakers: dict[str, Any] = {}
+        self._probing: set[str] = set()
         self.on_change = on_change
 
     def is_open(self, name: str) -> bool:
-        """Open and not yet due for a half-open try."""
+        """Open and not yet due for a try, or due and one probe already in flight
+        (purgatory's half-open state would let every request through, and reopen on the
+        first failure of any: under a steady error rate it flaps)."""
         brk = self._breakers.get(name)
         if brk is None:
             return False
         ctx = brk.context
-        return ctx.state == "opened" and time.time() < (ctx.opened_at or 0) + self.ttl_s
+        if ctx.state == "closed":
+            return False
+        due = ctx.state == "half-opened" or time.time() >= (ctx.opened_at or 0) + self.ttl_s
+        return not due or name in self._probing
 
     @asynccontextmanager
     async def guard(self, name: str) -> AsyncIterator[None]:
@@ -44,12 +50,17 @@ class Breakers:
         if brk is None:
             brk = self._breakers[name] = await self._factory.get_breaker(name)
         was_open = brk.context.state == "opened"
+        probe = brk.context.state != "closed" and name not in self._probing
+        if probe:
+            self._probing.add(name)
         try:
             async with brk:
                 yield
         except OpenedState as exc:
             raise BackendError(f"{name}: circuit open") from exc
         finally:
+            if probe:
+                self._probing.discard(name)
             now_open = brk.context.state == "opened"
             if self.on_change is not None and now_open != was_open:
                 self.on_change(name, now_open)
