@@ -195,6 +195,6 @@ def _up(url: str) -> bool:
 
 def upstream_config(url: str, **jobs: Any) -> dict[str, Any]:
     return {"models": [{"name": "up", "backend": "openai", "url": url, "n_ctx": 4096}],
-            "routing": {"classifier": "off"},
+            "routing": {"classifier": "off"}, "cache": {"semantic": False},
             "jobs": {"lease_s": 2, "webhook_allow_private": True, "webhook_backoff_s": 0.1,
                      **jobs}}
