@@ -93,6 +93,82 @@ def worker(args: argparse.Namespace) -> int:
     return 0
 
 
+def _optimize_args(p: argparse.ArgumentParser) -> None:
+    from redline.optimize.cli import add_args
+
+    add_args(p)
+
+
+@command("optimize", "quantization ladder behind an accuracy gate: keeps the fastest variant "
+         "that loses no more than --max-quality-loss")(_optimize_args)
+def optimize(args: argparse.Namespace) -> int:
+    from redline.optimize.cli import run
+
+    return run(args)
+
+
+def _precompute_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", help="YAML config file (its store is where answers go)")
+    p.add_argument("--from", dest="source", required=True,
+                   help="JSONL of request bodies, or plain text with one question per line")
+    p.add_argument("--top", type=int, default=100, help="answer the N most frequent questions")
+    p.add_argument("--url", help="a running server to ask instead of an in-process one")
+    p.add_argument("--api-key", help="ask as this key (answers are cached per tenant)")
+    p.add_argument("--model", default="auto", help="model for plain-text questions")
+    p.add_argument("--max-tokens", type=int, default=256, help="max_tokens for plain-text questions")
+
+
+@command("precompute", "answer a log's most frequent questions into the cache")(_precompute_args)
+def precompute(args: argparse.Namespace) -> int:
+    import asyncio
+
+    import httpx
+
+    from redline.cache.precompute import answer, most_frequent, read_requests
+
+    cfg = load_config(args.config)
+    top = most_frequent(read_requests(args.source, args.model, args.max_tokens), args.top)
+    headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
+    if cfg.store.url and cfg.store.url.startswith("memory:") and not args.url:
+        print("warning: store.url is memory://, answers vanish when this command ends")
+
+    async def run() -> object:
+        if args.url:
+            async with httpx.AsyncClient(base_url=args.url, timeout=600) as client:
+                return await answer(client, top, headers)
+        from redline.api.inprocess import in_process_client
+
+        async with in_process_client(cfg) as client:
+            return await answer(client, top, headers)
+
+    outcome = asyncio.run(run())
+    print(f"asked {len(top)} distinct questions (of {sum(n for n, _ in top)} in the log's top "
+          f"{args.top}): {dict(outcome.results)}")  # type: ignore[attr-defined]
+    return 0
+
+
+def _eval_cache_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("pairs", help="TSV: label(same|diff) kind question_a question_b")
+    p.add_argument("--config", help="YAML config file (cache.similarity_threshold, cache.guard)")
+    p.add_argument("--threshold", type=float, help="override cache.similarity_threshold")
+    p.add_argument("--sweep", action="store_true", help="also print a threshold sweep")
+
+
+@command("eval-cache", "precision, recall and wrong-hit rate of semantic hits on labelled pairs")(
+    _eval_cache_args)
+def eval_cache(args: argparse.Namespace) -> int:
+    from redline.cache.embedder import load_minilm
+    from redline.cache.evaluate import load_pairs, report, similarities
+
+    cfg = load_config(args.config).cache
+    if args.threshold is not None:
+        cfg = cfg.model_copy(update={"similarity_threshold": args.threshold})
+    pairs = load_pairs(args.pairs)
+    sims = similarities(pairs, load_minilm(cfg.embedder_path))
+    print(report(pairs, sims, cfg, sweep=args.sweep))
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="redline", description="low-latency LLM serving")
     sub = parser.add_subparsers(dest="command", required=True)
