@@ -77,7 +77,7 @@ class Server:
 
 # -- the load generator ---------------------------------------------------------------
 async def load(url: str, seconds: float, concurrency: int, prompt_kinds: int = 1000,
-               on_tick: Any = None) -> list[tuple[float, int, bool]]:
+               on_tick: Any = None, first: int = 0) -> list[tuple[float, int, bool]]:
     """Closed loop: `concurrency` clients, each sends the next request when the last is
     answered. Returns (latency s, status, answer right) per request."""
     out: list[tuple[float, int, bool]] = []
@@ -85,7 +85,7 @@ async def load(url: str, seconds: float, concurrency: int, prompt_kinds: int = 1
     limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
 
     async def client(k: int, c: httpx.AsyncClient) -> None:
-        i = k
+        i = first + k  # `first`: a phase that must not repeat an earlier phase's questions
         while time.monotonic() < stop:
             body = {"model": "fake", "max_tokens": 20, "temperature": 0,
                     "messages": [{"role": "user", "content": f"question {i % prompt_kinds}"}]}
@@ -159,14 +159,15 @@ def redis_kill(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     try:
         asyncio.run(load(server.url, 3, args.concurrency, prompt_kinds=1_000_000))
         phases["redis_up"] = asyncio.run(load(server.url, args.seconds, args.concurrency,
-                                              prompt_kinds=1_000_000))
+                                              prompt_kinds=1_000_000, first=100_000))
         killed_at = time.monotonic()
 
         async def kill_now() -> None:
             redis.kill()
 
         phases["redis_killed"] = asyncio.run(load(server.url, args.seconds, args.concurrency,
-                                                  prompt_kinds=1_000_000, on_tick=kill_now))
+                                                  prompt_kinds=1_000_000, on_tick=kill_now,
+                                                  first=200_000))
         return {"kill_to_end_s": round(time.monotonic() - killed_at, 1),
                 **{k: summary(v, args.seconds) for k, v in phases.items()},
                 "lost_or_wrong": sum(1 for v in phases.values() for r in v if not r[2])}
