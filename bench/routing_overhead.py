@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import secrets
 import sys
 from pathlib import Path
 
@@ -18,12 +19,15 @@ import yaml
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from routing_common import Procs, closed_loop, free_port, summary  # noqa: E402
 
+KEY = "sk-bench-" + secrets.token_hex(16)
+
 
 def litellm(procs: Procs, upstream: str, venv: Path) -> str:
     port = free_port()
     cfg = {"model_list": [{"model_name": "m", "litellm_params": {
         "model": "openai/m", "api_base": f"{upstream}/v1", "api_key": "none"}}],
-        "litellm_settings": {"drop_params": True}}
+        "litellm_settings": {"drop_params": True},
+        "general_settings": {"master_key": KEY}}  # it refuses to start without one
     path = procs.tmp / "litellm.yaml"
     path.write_text(yaml.safe_dump(cfg))
     return procs.start([str(venv / "bin" / "litellm"), "--config", str(path), "--port", str(port),
@@ -42,8 +46,9 @@ async def run(n: int, concurrency: int, venv: Path | None) -> dict[str, object]:
         body = {"model": "m", "max_tokens": 16, "messages": [{"role": "user", "content": "hi"}]}
         out: dict[str, object] = {}
         for name, url in targets.items():
-            await closed_loop(url, [body] * 200, concurrency)  # warm up
-            res = await closed_loop(url, [body] * n, concurrency)
+            auth = {"Authorization": f"Bearer {KEY}"} if name == "litellm" else None
+            await closed_loop(url, [body] * 200, concurrency, auth)  # warm up
+            res = await closed_loop(url, [body] * n, concurrency, auth)
             ok = [r for r in res if r.ok]
             out[name] = {"answered": len(ok), "ttft": summary([r.ttft for r in ok]),
                          "total": summary([r.total for r in ok])}
