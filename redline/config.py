@@ -236,6 +236,56 @@ class CacheConfig(_Section):
                                       "None: the bundled all-MiniLM-L6-v2")
 
 
+_ARM_SAMPLING = {"temperature", "top_p", "top_k", "max_tokens", "seed"}
+
+
+class ArmConfig(_Section):
+    """One arm of an A/B test: what it changes for the requests assigned to it."""
+
+    name: str = Field(..., min_length=1, pattern=r"^[A-Za-z0-9_.-]+$")
+    weight: float = Field(1.0, gt=0, description="share of units, relative to the other arms")
+    model: str | None = Field(None, description="serve this arm's requests with this model")
+    tier: Literal["S", "A", "B"] | None = None
+    sampling: dict[str, float | int] = Field(default_factory=dict,
+                                             description=f"overrides: {', '.join(sorted(_ARM_SAMPLING))}")
+    settings: dict[str, Any] = Field(default_factory=dict,
+                                     description="free overrides other stages may read (by name)")
+
+    @field_validator("sampling")
+    @classmethod
+    def _known(cls, v: dict[str, float | int]) -> dict[str, float | int]:
+        unknown = set(v) - _ARM_SAMPLING
+        if unknown:
+            raise ValueError(f"unknown sampling override(s) {sorted(unknown)}; "
+                             f"known: {sorted(_ARM_SAMPLING)}")
+        return v
+
+
+class ExperimentConfig(_Section):
+    name: str = Field(..., min_length=1, pattern=r"^[A-Za-z0-9_.-]+$")
+    unit: Literal["user", "tenant", "auto"] = Field(
+        "auto", description="sticky on the request's `user`, its API key, or user else key")
+    models: list[str] = Field(default_factory=list,
+                              description="enrol requests for these models (empty: every request)")
+    arms: list[ArmConfig] = Field(..., min_length=2)
+    enabled: bool = True
+
+    @model_validator(mode="after")
+    def _arm_names(self) -> ExperimentConfig:
+        names = [a.name for a in self.arms]
+        if len(set(names)) != len(names):
+            raise ValueError(f"experiment {self.name!r}: arm names must be unique: {names}")
+        return self
+
+
+class ExperimentsConfig(_Section):
+    """A/B tests on live traffic; the first arm of each is its control."""
+
+    active: list[ExperimentConfig] = Field(default_factory=list)
+    alpha: float = Field(0.05, gt=0, lt=1, description="significance level of the tests")
+    max_samples: int = Field(20000, ge=10, description="latest completions kept per arm")
+
+
 class TelemetryConfig(_Section):
     metrics: bool = Field(True, description="false: Prometheus metrics and live stats record nothing")
     slow_log_size: int = Field(200, ge=1, description="long-tail records kept (ring, and in the store)")
@@ -257,6 +307,7 @@ class RedlineConfig(BaseSettings):
     routing: RoutingConfig = RoutingConfig()
     store: StoreConfig = StoreConfig()
     cache: CacheConfig = CacheConfig()
+    experiments: ExperimentsConfig = ExperimentsConfig()
 
     @field_validator("models")
     @classmethod

@@ -13,7 +13,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from redline.backends.base import Backend
 from redline.config import RoutingConfig
@@ -21,6 +21,9 @@ from redline.errors import ModelNotFound, RedlineError
 from redline.routing.router import Router
 from redline.telemetry.metrics import Metrics
 from redline.types import Chunk, GenerationRequest, StageTimings, Usage
+
+if TYPE_CHECKING:
+    from redline.experiments import Experiments
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +46,7 @@ class Completion:
     ttft_s: float | None = None
     output_tokens: int = 0
     text: list[str] = field(default_factory=list)  # the answer, for observers that store it
+    arm: str | None = None  # "experiment:arm" when an A/B experiment enrolled the request
 
 
 class Observer(Protocol):
@@ -60,6 +64,7 @@ class Pipeline:
         # tiers, model choice, planner, hedging, retries, breakers, admission (routing/)
         self.router = router or Router(self.backends, default_model, RoutingConfig(), metrics)
         self.observers: list[Observer] = []
+        self.experiments: Experiments | None = None  # set by create_app; assigns A/B arms first
         self.ready = False
 
     async def start(self) -> None:
@@ -83,6 +88,13 @@ class Pipeline:
         return name
 
     async def complete(self, request: GenerationRequest) -> Completion:
+        # the arm first: it may rewrite the model or sampling that everything after sees
+        assigned = self.experiments.assign(request) if self.experiments is not None else None
+        completion = await self._complete(request)
+        completion.arm = assigned.label if assigned is not None else None
+        return completion
+
+    async def _complete(self, request: GenerationRequest) -> Completion:
         self.metrics.inflight.inc()
         try:
             routed = await self.router.open(request)  # returns at the first chunk

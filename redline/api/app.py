@@ -15,6 +15,7 @@ from redline.api import (
     admin_routes,
     batch_routes,
     errors,
+    experiments_routes,
     jobs_routes,
     openai_routes,
     ops_routes,
@@ -27,6 +28,7 @@ from redline.api.middleware import BodyLimit, BodyTimeout, ReadyGate
 from redline.api.server import CountInflight, Inflight
 from redline.backends.base import Backend
 from redline.config import ModelConfig, RedlineConfig
+from redline.experiments import Experiments
 from redline.jobs.service import JobService
 from redline.pipeline import Pipeline
 from redline.routing.router import Router
@@ -60,6 +62,8 @@ def create_app(config: RedlineConfig, backends: Mapping[str, Backend] | None = N
     default = config.default_model if config.default_model in backends else next(iter(backends))
     pipeline = Pipeline(backends, default, metrics,
                         router=Router(backends, default, config.routing, metrics))
+    pipeline.experiments = Experiments(config.experiments, backends)  # A/B arms, before the cache
+    pipeline.observers.append(pipeline.experiments.recorder)  # per-arm figures
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -99,6 +103,7 @@ def create_app(config: RedlineConfig, backends: Mapping[str, Backend] | None = N
     app.include_router(jobs_routes.router)
     app.include_router(batch_routes.router)
     app.include_router(admin_routes.router)
+    app.include_router(experiments_routes.router)
     web_routes.install(app)
     # outermost last: BodyLimit → BodyTimeout → Auth → ReadyGate → RateLimit → CountInflight
     app.state.inflight = Inflight()

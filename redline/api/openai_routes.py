@@ -40,13 +40,16 @@ def _no_cache(request: Request) -> bool:
 
 
 def _headers(c: Completion, request_id: str) -> dict[str, str]:
-    return {
+    headers = {
         "X-Request-Id": request_id,
         "X-Redline-Model": c.model,
         "X-Redline-Tier": c.tier,
         "X-Redline-Cache": c.cache,
         "Server-Timing": c.timings.server_timing(),
     }
+    if c.arm is not None:
+        headers["X-Redline-Arm"] = c.arm  # "experiment:arm" (A/B experiments)
+    return headers
 
 
 @router.get("/v1/models")

@@ -1,0 +1,22 @@
+"""A/B experiments for operators: each arm's figures with 95% intervals, and each arm
+against the control with its significance tests (JSON the dashboard can draw)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Request
+
+router = APIRouter()
+
+
+@router.get("/v1/admin/experiments")
+async def experiments(request: Request) -> dict[str, Any]:
+    return request.app.state.pipeline.experiments.snapshot()  # type: ignore[no-any-return]
+
+
+@router.delete("/v1/admin/experiments/samples")
+async def reset(request: Request) -> dict[str, Any]:
+    """Start counting afresh (e.g. after a warm-up, or between an A/A and an A/B run)."""
+    request.app.state.pipeline.experiments.reset()
+    return {"object": "experiments.reset", "deleted": True}
