@@ -73,6 +73,22 @@ def settle(url: str, ids: list[str], timeout: float) -> dict[str, str]:
     return out
 
 
+def settle_notifications(url: str, ids: list[str], timeout: float) -> dict[str, int]:
+    """Wait until no notification is pending or being sent (a sender killed mid-send
+    leaves a claim that expires after one try's timeout); count the states."""
+    deadline = time.monotonic() + timeout
+    states: collections.Counter[str] = collections.Counter()
+    with httpx.Client(base_url=url, timeout=10) as c:
+        while True:
+            states.clear()
+            for i in ids:
+                for s in c.get(f"/v1/jobs/{i}").json().get("notifications", {}).values():
+                    states[s.split(":")[0]] += 1
+            if not (states["pending"] or states["sending"]) or time.monotonic() > deadline:
+                return dict(states)
+            time.sleep(0.5)
+
+
 def worker_proc(tmp: Path, cfg: dict[str, Any], name: str) -> Proc:
     path = tmp / f"{name}.yaml"
     path.write_text(yaml.safe_dump({**cfg, "server": {"data_dir": str(tmp / name)}}))
@@ -107,6 +123,9 @@ def one_run(n: int, mode: str, tmp: Path, base_cfg: dict[str, Any], hook: Webhoo
         workers[victim] = worker_proc(tmp, base_cfg, victim + "b")
     try:
         final = settle(server.url, accepted, timeout=120)
+        notes = settle_notifications(server.url, accepted, timeout=120)
+        if notes.get("pending") or notes.get("sending") or notes.get("failed"):
+            print(f"  notifications not settled: {notes}", flush=True)
     finally:
         server.stop()
         for w in workers.values():

@@ -211,6 +211,16 @@ class JobBook:
 
         return await self._change(job_id, fn)
 
+    async def extend_notification(self, job_id: str, channel: str, until: float) -> None:
+        """The sender is alive and tries again: keep its claim."""
+        def fn(job: Job) -> bool:
+            if job.notified.get(channel) != "sending":
+                return False
+            job.sending_until[channel] = until
+            return True
+
+        await self._change(job_id, fn)
+
     async def settle_notification(self, job_id: str, channel: str, state: str) -> None:
         def fn(job: Job) -> bool:
             if job.notified.get(channel) != "sending":

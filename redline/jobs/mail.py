@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
+from collections.abc import Awaitable, Callable
 from email.message import EmailMessage
 
 import aiosmtplib
@@ -31,7 +32,8 @@ class Mailer:
         if not _ADDRESS.match(address) or len(address) > 254:
             raise InvalidRequest("notify.email is not an e-mail address", param="notify.email")
 
-    async def send(self, to: str, subject: str, text: str, message_id: str) -> str:
+    async def send(self, to: str, subject: str, text: str, message_id: str,
+                   renew: Callable[[], Awaitable[None]] | None = None) -> str:
         msg = EmailMessage()
         msg["From"] = self.smtp.sender
         msg["To"] = to
@@ -42,6 +44,8 @@ class Mailer:
         for attempt in range(self.cfg.webhook_attempts):
             if attempt:
                 await asyncio.sleep(self.cfg.webhook_backoff_s * 2 ** (attempt - 1))
+                if renew is not None:
+                    await renew()
             try:
                 await aiosmtplib.send(
                     msg, hostname=self.smtp.host, port=self.smtp.port,
@@ -57,6 +61,7 @@ class Mailer:
         log.warning("mail to %s for %s failed: %s", to, message_id, why)
         return f"failed: {why}"
 
-    def worst_case_s(self) -> float:
+    def attempt_s(self) -> float:
+        """How long one try may take (with its backoff): the claim on sending lasts this."""
         n = self.cfg.webhook_attempts
-        return n * self.smtp.timeout_s + self.cfg.webhook_backoff_s * (2 ** n) + 10
+        return self.smtp.timeout_s + self.cfg.webhook_backoff_s * 2 ** (n - 1) + 5

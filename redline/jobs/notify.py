@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from redline.config import JobsConfig
@@ -16,6 +16,7 @@ from redline.jobs.model import Job
 from redline.jobs.webhook import WebhookSender
 
 Describe = Callable[[Job], dict[str, Any]]
+Renew = Callable[[], Awaitable[None]]
 
 
 def event(job: Job, describe: Describe) -> dict[str, Any]:
@@ -41,19 +42,25 @@ class Notifier:
         for channel in list(job.notify):
             if job.notified.get(channel) not in ("pending", "sending"):
                 continue
-            lease = (self.webhook if channel == "webhook" else self.mail).worst_case_s()
+            # the claim covers one try; each retry extends it, so a sender that dies is
+            # replaced within one try's timeout, not after the whole retry schedule
+            lease = (self.webhook if channel == "webhook" else self.mail).attempt_s()
             claimed = await self.book.claim_notification(job.id, channel, time.time() + lease)
             if claimed is None:
                 continue  # sent, or another process is sending it now
-            outcome = await self._send(channel, claimed)
+
+            async def renew(ch: str = channel, s: float = lease) -> None:
+                await self.book.extend_notification(job.id, ch, time.time() + s)
+
+            outcome = await self._send(channel, claimed, renew)
             await self.book.settle_notification(job.id, channel, outcome)
 
-    async def _send(self, channel: str, job: Job) -> str:
+    async def _send(self, channel: str, job: Job, renew: Renew) -> str:
         ev = event(job, self.describe)
         target = job.notify[channel]
         if channel == "webhook":
-            return await self.webhook.send(target, ev, key=job.id)
+            return await self.webhook.send(target, ev, key=job.id, renew=renew)
         subject = f"[redline] {job.kind} {job.id} {job.status}"
         text = (f"Your {job.kind} {job.id} finished: {job.status}.\n\n"
                 + json.dumps(ev["data"], indent=2) + "\n")
-        return await self.mail.send(target, subject, text, message_id=job.id)
+        return await self.mail.send(target, subject, text, message_id=job.id, renew=renew)

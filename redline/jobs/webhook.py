@@ -13,6 +13,7 @@ import json
 import logging
 import socket
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import httpx
@@ -64,7 +65,8 @@ class WebhookSender:
             raise InvalidRequest("notify.webhook points to a private or loopback address, "
                                  "which this server does not call", param="notify.webhook")
 
-    async def send(self, url: str, event: dict[str, Any], key: str) -> str:
+    async def send(self, url: str, event: dict[str, Any], key: str,
+                   renew: Callable[[], Awaitable[None]] | None = None) -> str:
         """Deliver with retries; the outcome ("sent" or "failed: …") is recorded."""
         try:
             await self.check(url)  # again: DNS may have changed since the job was accepted
@@ -95,7 +97,7 @@ class WebhookSender:
         log.warning("webhook %s for %s failed: %s", url, key, why)
         return f"failed: {why}"
 
-    def worst_case_s(self) -> float:
-        """How long `send` may take: the sending lease must outlast it."""
+    def attempt_s(self) -> float:
+        """How long one try may take (with its backoff): the claim on sending lasts this."""
         n = self.cfg.webhook_attempts
-        return n * self.cfg.webhook_timeout_s + self.cfg.webhook_backoff_s * (2 ** n) + 10
+        return self.cfg.webhook_timeout_s + self.cfg.webhook_backoff_s * 2 ** (n - 1) + 5
