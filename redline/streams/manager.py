@@ -208,8 +208,10 @@ class StreamManager:
                 if now - last_mark >= READER_TTL_S / 3:
                     last_mark = now
                     await journal.mark_reader(stream_id, READER_TTL_S)
-                    if _past_end(await journal.meta(stream_id), seq):
-                        return  # abandoned by its producer, or `after` was past its end
+                    meta = await journal.meta(stream_id)
+                    if _past_end(meta, seq):
+                        finished = meta is not None  # else abandoned by its producer
+                        return
                 if now - last_event > self.cfg.follow_stall_s:
                     log.warning("stream %s: no event for %.0f s, giving up", stream_id,
                                 self.cfg.follow_stall_s)
