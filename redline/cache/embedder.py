@@ -9,6 +9,7 @@ hashed into a vector); tests use it the way httpx tests use MockTransport.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib.util
 import os
@@ -47,7 +48,9 @@ class MiniLMEmbedder:
         from sentence_transformers import SentenceTransformer
 
         self._model = SentenceTransformer(str(self.path), device="cpu")
-        self.dim = int(self._model.get_sentence_embedding_dimension() or self.dim)
+        get_dim = getattr(self._model, "get_embedding_dimension", None) or \
+            self._model.get_sentence_embedding_dimension  # renamed in sentence-transformers 6
+        self.dim = int(get_dim() or self.dim)
         self.encode(["warm up"])  # first call allocates; keep that off the first request
         return self
 
@@ -57,6 +60,13 @@ class MiniLMEmbedder:
         out = self._model.encode(texts, batch_size=32, normalize_embeddings=True,
                                  convert_to_numpy=True, show_progress_bar=False)
         return np.asarray(out, dtype=np.float32)
+
+
+@functools.lru_cache(maxsize=4)
+def load_minilm(path: str | None = None) -> MiniLMEmbedder:
+    """One loaded copy per model directory and process (weights are read-only, and
+    encoding from several threads is safe), so a second app in the process starts at once."""
+    return MiniLMEmbedder(path).load()
 
 
 class HashingEmbedder:

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 _TOKEN = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9'’-]|[.,:/](?=\d))*")
 _NUMBER = re.compile(r"[\d.,:/]+")
 _QUOTED = re.compile(r"[\"“”‘'`]([^\"“”’'`]{2,})[\"“”’'`]")
-_SPECIAL = re.compile(r"\S+@\S+\.\w+|https?://\S+|www\.\S+|[#@]\w+")
+_SPECIAL = re.compile(r"\S+@\S+\.\w+|https?://\S+|www\.\S+|[#@][A-Za-z_]\w*")
 
 NUMBER_WORDS = {w: str(i) for i, w in enumerate(
     "zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen "
@@ -69,7 +69,7 @@ _PREFIXES = ("un", "dis", "de", "in", "im", "non", "ir", "il")
 
 def stem(word: str) -> str:
     w = word.lower().replace("’", "'").replace("'", "")
-    for suffix in ("ing", "ed", "es", "s", "e"):
+    for suffix in ("est", "ing", "ed", "es", "er", "s", "e"):
         if w.endswith(suffix) and len(w) - len(suffix) >= 3:
             w = w[: -len(suffix)]
             break
@@ -150,8 +150,10 @@ def _opposed(only_a: frozenset[str], only_b: frozenset[str]) -> bool:
     for a in only_a:
         if OPPOSITES.get(a, set()) & only_b:
             return True
+        if len(a) < 4:  # "in" + "to" is not the opposite of "to"
+            continue
         for p in _PREFIXES:
-            if (p + a) in only_b or (a.startswith(p) and a[len(p):] in only_b):
+            if (p + a) in only_b or (a.startswith(p) and len(a) - len(p) >= 4 and a[len(p):] in only_b):
                 return True
     return False
 

@@ -31,7 +31,7 @@ from cachetools import TTLCache
 from prometheus_client import Histogram
 
 from redline.cache import guard
-from redline.cache.embedder import Embedder, MiniLMEmbedder
+from redline.cache.embedder import Embedder, load_minilm
 from redline.cache.index import SemanticIndex
 from redline.cache.keys import CacheKeys, cache_keys
 from redline.store.base import Store, StoreUnavailable
@@ -92,6 +92,13 @@ class Lookup:
     similarity: float | None = None
 
 
+def accepts(cfg: CacheConfig, question: str, candidate: str, similarity: float) -> bool:
+    """The one rule for a semantic hit (`redline eval-cache` measures exactly this)."""
+    if similarity < cfg.similarity_threshold:
+        return False
+    return not cfg.guard or guard.allows(question, candidate)
+
+
 class ResponseCache:
     def __init__(self, cfg: CacheConfig, store: Store, metrics: Metrics | None = None,
                  embedder: Embedder | None = None) -> None:
@@ -120,7 +127,7 @@ class ResponseCache:
         if self.embedder is None:
             try:
                 path = self.cfg.embedder_path
-                self.embedder = await self._off_loop(lambda: MiniLMEmbedder(path).load())
+                self.embedder = await self._off_loop(lambda: load_minilm(path))
             except Exception:
                 log.exception("semantic cache off: the embedder did not load")
                 return
@@ -146,10 +153,7 @@ class ResponseCache:
         return request.use_cache and (request.sampling.greedy or self.cfg.cache_sampled)
 
     def accepts(self, question: str, candidate: str, similarity: float) -> bool:
-        """The one rule for a semantic hit (eval-cache measures exactly this)."""
-        if similarity < self.cfg.similarity_threshold:
-            return False
-        return not self.cfg.guard or guard.allows(question, candidate)
+        return accepts(self.cfg, question, candidate, similarity)
 
     # -- lookup ----------------------------------------------------------------
     async def lookup(self, request: GenerationRequest) -> Lookup:

@@ -1,0 +1,107 @@
+"""`redline eval-cache PAIRS.tsv`: how often the semantic cache would serve a right and
+a wrong answer, on labelled question pairs.
+
+PAIRS.tsv: a header, then `label<TAB>kind<TAB>question_a<TAB>question_b`, label `same`
+(one answer fits both) or `diff` (a near miss: another number, name, negation, opposite).
+Question A plays the cached question and B the new one; a pair is a semantic hit when
+`accepts()` (threshold + guard, exactly as served) lets B take A's answer.
+
+precision = right hits / hits; recall = right hits / `same` pairs;
+wrong-hit rate = wrong hits / hits (GPTCache's "wrong answer on x% of hits").
+"""
+
+from __future__ import annotations
+
+import csv
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from redline.cache.embedder import Embedder
+from redline.cache.response_cache import accepts
+from redline.config import CacheConfig
+
+
+@dataclass(frozen=True)
+class Pair:
+    same: bool
+    kind: str
+    a: str
+    b: str
+
+
+@dataclass
+class Scores:
+    threshold: float
+    guard: bool
+    hits: int
+    right_hits: int
+    same_pairs: int
+    wrong_by_kind: dict[str, int]
+
+    @property
+    def precision(self) -> float:
+        return self.right_hits / self.hits if self.hits else 1.0
+
+    @property
+    def recall(self) -> float:
+        return self.right_hits / self.same_pairs if self.same_pairs else 0.0
+
+    @property
+    def wrong_hit_rate(self) -> float:
+        return 1.0 - self.precision
+
+
+def load_pairs(path: str | Path) -> list[Pair]:
+    pairs = []
+    with open(path, newline="") as f:
+        for row in csv.DictReader(f, delimiter="\t", quoting=csv.QUOTE_NONE):
+            label = row["label"].strip().lower()
+            if label not in ("same", "diff"):
+                raise ValueError(f"{path}: label must be same or diff, not {label!r}")
+            pairs.append(Pair(label == "same", row["kind"].strip(), row["question_a"].strip(),
+                              row["question_b"].strip()))
+    if not pairs:
+        raise ValueError(f"{path}: no pairs")
+    return pairs
+
+
+def similarities(pairs: list[Pair], embedder: Embedder) -> np.ndarray:
+    """Cosine similarity of each pair, [len(pairs)]."""
+    texts = sorted({q for p in pairs for q in (p.a, p.b)})
+    vectors = dict(zip(texts, embedder.encode(texts), strict=True))
+    return np.array([float(vectors[p.a] @ vectors[p.b]) for p in pairs])
+
+
+def score(pairs: list[Pair], sims: np.ndarray, cfg: CacheConfig) -> Scores:
+    hits = right = 0
+    wrong: Counter[str] = Counter()
+    for pair, sim in zip(pairs, sims, strict=True):
+        if accepts(cfg, pair.b, pair.a, float(sim)):
+            hits += 1
+            if pair.same:
+                right += 1
+            else:
+                wrong[pair.kind] += 1
+    return Scores(cfg.similarity_threshold, cfg.guard, hits, right,
+                  sum(p.same for p in pairs), dict(wrong))
+
+
+def report(pairs: list[Pair], sims: np.ndarray, cfg: CacheConfig, sweep: bool = False) -> str:
+    kinds = Counter(p.kind for p in pairs)
+    lines = [f"{len(pairs)} pairs: " + ", ".join(f"{k} {n}" for k, n in sorted(kinds.items()))]
+    rows = [cfg, cfg.model_copy(update={"guard": not cfg.guard})]
+    if sweep:
+        rows += [cfg.model_copy(update={"similarity_threshold": t, "guard": g})
+                 for g in (True, False) for t in np.arange(0.70, 0.981, 0.02)]
+    lines.append(f"{'threshold':>9} {'guard':>5} {'hits':>5} {'precision':>9} {'recall':>6} "
+                 f"{'wrong-hit rate':>14}  wrong hits by kind")
+    for i, c in enumerate(rows):
+        s = score(pairs, sims, c)
+        mark = "  <- configured" if i == 0 else ""
+        lines.append(f"{s.threshold:>9.2f} {'on' if s.guard else 'off':>5} {s.hits:>5} "
+                     f"{s.precision:>9.3f} {s.recall:>6.3f} {s.wrong_hit_rate:>14.3f}  "
+                     f"{s.wrong_by_kind or '-'}{mark}")
+    return "\n".join(lines)
