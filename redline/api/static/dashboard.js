@@ -1,5 +1,7 @@
 // The live dashboard: polls /v1/admin/stats and draws tiles, a per-tier table,
 // a p99 chart from this page's own history, and the long-tail list.
+import { authHeaders } from "/static/sse.js";
+
 const WINDOW_S = 60;
 const POLL_MS = 1000;
 const HISTORY = 300;  // points kept for the chart (5 min at 1 s)
@@ -117,7 +119,7 @@ function chart() {
 
 async function poll() {
   try {
-    const response = await fetch(`/v1/admin/stats?window_s=${WINDOW_S}`);
+    const response = await fetch(`/v1/admin/stats?window_s=${WINDOW_S}`, { headers: authHeaders() });
     if (!response.ok) throw new Error(`${response.status}`);
     const stats = await response.json();
     window.redlineStats = stats;

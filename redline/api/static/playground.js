@@ -1,6 +1,6 @@
 // The chat playground: skeleton at once, progress bar and countdown from
 // redline.progress, stage timings at the end, automatic resume after a dropped connection.
-import { parseServerTiming, readEvents, seqOf } from "/static/sse.js";
+import { authHeaders, parseServerTiming, readEvents, seqOf } from "/static/sse.js";
 
 const $ = (id) => document.getElementById(id);
 const STAGE_COLORS = { queue: "#8a93a6", cache: "#3fb950", route: "#a371f7", tokenize: "#d29922",
@@ -105,7 +105,8 @@ async function send(prompt) {
   let tries = 0;
   try {
     let response = await fetch("/v1/chat/completions", {
-      method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify(body) });
+      method: "POST", headers: { "Content-Type": "application/json", ...authHeaders() },
+      body: JSON.stringify(body) });
     if (!response.ok) throw new Error(await errorText(response));
     streamId = response.headers.get("X-Redline-Stream-Id");
     run.streamId = streamId;
@@ -133,7 +134,7 @@ async function send(prompt) {
       await sleep(Math.min(2000, 100 * 2 ** (tries - 1)));
       try {
         response = await fetch(`/v1/streams/${encodeURIComponent(streamId)}`, {
-          headers: lastId ? { "Last-Event-ID": lastId } : {} });
+          headers: { ...authHeaders(), ...(lastId ? { "Last-Event-ID": lastId } : {}) } });
       } catch (err) { continue; }  // still offline: try again
       if (!response.ok) throw new Error(await errorText(response));
       run.resumes += 1;
@@ -235,7 +236,7 @@ const fmt = (ms) => (ms === null || ms === undefined ? "–" : ms < 1000 ? `${ms
 
 async function loadModels() {
   try {
-    const response = await fetch("/v1/models");
+    const response = await fetch("/v1/models", { headers: authHeaders() });
     if (!response.ok) return;
     const { data } = await response.json();
     const select = $("model");
@@ -245,6 +246,13 @@ async function loadModels() {
 }
 
 function init() {
+  const key = $("api-key");
+  key.value = localStorage.getItem("redline.apiKey") || "";
+  key.addEventListener("change", () => {
+    if (key.value) localStorage.setItem("redline.apiKey", key.value);
+    else localStorage.removeItem("redline.apiKey");
+    loadModels();
+  });
   loadModels();
   const form = $("composer");
   form.addEventListener("submit", async (event) => {

@@ -54,3 +54,9 @@ export function parseServerTiming(header) {
   }
   return out;
 }
+
+// The API key the playground saved (servers with auth.keys); shared with the dashboard.
+export function authHeaders() {
+  const key = localStorage.getItem("redline.apiKey");
+  return key ? { Authorization: `Bearer ${key}` } : {};
+}
