@@ -125,7 +125,8 @@ class RoutingConfig(_Section):
     hedge_min_delay_s: float = Field(0.02, ge=0)
     retry_budget: float = Field(0.3, ge=0, description="retries per request, at most (token bucket)")
     max_attempts: int = Field(5, ge=1, description="tries of one request, before its first token")
-    breaker_threshold: int = Field(5, ge=1, description="consecutive failures that open a breaker")
+    breaker_threshold: int = Field(10, ge=1, description="consecutive failures that open a breaker "
+                                   "(10: a dead backend, not a flaky one; retries cover those)")
     breaker_ttl_s: float = Field(10.0, gt=0, description="an open breaker tries again after this")
     shorten: bool = Field(True, description="tier S: cap max_tokens so the answer fits its budget")
 
