@@ -45,11 +45,16 @@ EVAL_TOPICS = ["deserts", "owls", "electricity", "the Roman empire", "tea", "ear
 
 
 async def run_one(c: httpx.AsyncClient, url: str, prompt: str, max_tokens: int) -> dict:
+    # tier A: every request streams here (auto would send long ones to the job queue)
     body = {"model": SMOL, "temperature": 0, "max_tokens": max_tokens, "stream": True,
-            "cache": False, "messages": [{"role": "user", "content": prompt}]}
+            "cache": False, "tier": "A", "messages": [{"role": "user", "content": prompt}]}
     points = []  # (arrival s, tokens, expected, eta_ms)
     finished_at = None
     async with c.stream("POST", f"{url}/v1/chat/completions", json=body) as r:
+        if r.status_code != 200:
+            await r.aread()
+            return {"max_tokens": max_tokens, "points": [], "end": None,
+                    "error": f"HTTP {r.status_code}: {r.text[:200]}"}
         async for line in r.aiter_lines():
             if not line.startswith("data: {"):
                 continue
@@ -60,7 +65,7 @@ async def run_one(c: httpx.AsyncClient, url: str, prompt: str, max_tokens: int) 
                 points.append((now, prog["tokens"], prog["expected_tokens"], prog["eta_ms"]))
             if data.get("choices") and data["choices"][0].get("finish_reason"):
                 finished_at = now
-    return {"max_tokens": max_tokens, "points": points, "end": finished_at}
+    return {"max_tokens": max_tokens, "points": points, "end": finished_at, "prompt": prompt}
 
 
 async def run_pass(url: str, jobs: list[tuple[str, int]], concurrency: int) -> list[dict]:
@@ -74,11 +79,12 @@ async def run_pass(url: str, jobs: list[tuple[str, int]], concurrency: int) -> l
 
 def evaluate(results: list[dict]) -> dict:
     exp_err, naive_err, eta_err, naive_eta_err = [], [], [], []
+    errors = [r["error"] for r in results if r.get("error")]
     for r in results:
         pts, mt = r["points"], r["max_tokens"]
-        final = pts[-1][1]
-        if final == 0 or r["end"] is None:
+        if not pts or r["end"] is None or pts[-1][1] == 0:
             continue
+        final = pts[-1][1]
         exp_err.append(abs(pts[0][2] - final) / final)
         naive_err.append(abs(mt - final) / final)
         if final < 4:
@@ -97,6 +103,8 @@ def evaluate(results: list[dict]) -> dict:
         "eta_at_half_rel_err_median": statistics.median(eta_err),
         "naive_eta_at_half_rel_err_median": statistics.median(naive_eta_err),
         "streams_at_half": len(eta_err),
+        "errors": len(errors),
+        "first_error": errors[0] if errors else None,
     }
 
 
@@ -105,6 +113,7 @@ def main() -> None:
     p.add_argument("--url")
     p.add_argument("--concurrency", type=int, default=3)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--save", help="write every stream's progress points here (JSON)")
     args = p.parse_args()
     rng = random.Random(args.seed)
     warm = [(t.format(t=topic), mt) for topic in WARM_TOPICS for t, mt in TEMPLATES]
@@ -115,6 +124,8 @@ def main() -> None:
         t0 = time.perf_counter()
         asyncio.run(run_pass(url, warm, args.concurrency))
         results = asyncio.run(run_pass(url, evals, args.concurrency))
+        if args.save:
+            Path(args.save).write_text(json.dumps(results))
         out = evaluate(results)
         out["warm_streams"] = len(warm)
         out["concurrency"] = args.concurrency
