@@ -123,7 +123,8 @@ class RoutingConfig(_Section):
     hedge: bool = Field(True, description="tier S: a second copy after the replica's p90 TTFT")
     hedge_budget: float = Field(0.1, ge=0, le=1, description="hedges per request, at most")
     hedge_min_delay_s: float = Field(0.02, ge=0)
-    retry_budget: float = Field(0.3, ge=0, description="retries per request, at most (token bucket)")
+    retry_budget: float = Field(0.5, ge=0, description="retries per request, at most (token bucket); "
+                                "well above the error rate it must ride out (0.3 ran dry at 20 %)")
     max_attempts: int = Field(5, ge=1, description="tries of one request, before its first token")
     breaker_threshold: int = Field(10, ge=1, description="consecutive failures that open a breaker "
                                    "(10: a dead backend, not a flaky one; retries cover those)")

@@ -73,7 +73,7 @@ class Router:
         self.admission = Admission(config.max_inflight,
                                    {t: b.max_inflight for t, b in config.tiers.items()},
                                    config.shed_at)
-        self.retries = RatioBudget(config.retry_budget, burst=10.0, initial=10.0)
+        self.retries = RatioBudget(config.retry_budget, burst=20.0, initial=10.0)
         self.hedges = RatioBudget(config.hedge_budget, burst=3.0, initial=1.0)
         self.classifier = classifier
         self._rules = [(re.compile(r.match, re.IGNORECASE), r) for r in config.rules]
