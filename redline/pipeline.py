@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
 from redline.backends.base import Backend
+from redline.cache import CachedAnswer, Lookup, ResponseCache
 from redline.config import RoutingConfig
 from redline.errors import ModelNotFound, RedlineError
 from redline.routing.router import Router
@@ -64,11 +65,13 @@ class Pipeline:
         # tiers, model choice, planner, hedging, retries, breakers, admission (routing/)
         self.router = router or Router(self.backends, default_model, RoutingConfig(), metrics)
         self.observers: list[Observer] = []
+        self.cache: ResponseCache | None = None  # set by create_app; looked up before routing
         self.experiments: Experiments | None = None  # set by create_app; assigns A/B arms first
         self.ready = False
 
     async def start(self) -> None:
-        await asyncio.gather(self.router.start(), *(b.start() for b in self.backends.values()))
+        await asyncio.gather(self.router.start(), *(b.start() for b in self.backends.values()),
+                             *([self.cache.start()] if self.cache else []))
         for name in self.backends:
             self.metrics.backend_up.labels(name).set(1)
         self.ready = True
@@ -76,6 +79,8 @@ class Pipeline:
     async def close(self) -> None:
         self.ready = False
         await asyncio.gather(*(b.close() for b in self.backends.values()), return_exceptions=True)
+        if self.cache is not None:
+            await self.cache.close()  # finish pending answer writes while the store is open
 
     def model_names(self) -> list[str]:
         return list(self.backends)
@@ -95,6 +100,12 @@ class Pipeline:
         return completion
 
     async def _complete(self, request: GenerationRequest) -> Completion:
+        cached = None
+        if self.cache is not None:
+            self.resolve(request.model)  # an unknown model is a 404, not a cache miss
+            cached = await self.cache.lookup(request)
+            if cached.answer is not None:
+                return self._replay(request, cached, cached.answer)
         self.metrics.inflight.inc()
         try:
             routed = await self.router.open(request)  # returns at the first chunk
@@ -106,10 +117,24 @@ class Pipeline:
             self.metrics.inflight.dec()
             self.metrics.requests.labels("500").inc()
             raise
-        completion = Completion(request, routed.model, routed.tier, "miss", chunks=_empty())
+        completion = Completion(request, routed.model, routed.tier,
+                                cached.result if cached else "miss", chunks=_empty())
+        if cached is not None:
+            completion.timings.add("cache", cached.seconds)
         completion.timings.add("route", routed.route_s)
         first, stream = routed.first, routed.rest
         completion.chunks = self._measured(completion, first, stream)
+        self._absorb(completion, first)
+        return completion
+
+    def _replay(self, request: GenerationRequest, cached: Lookup, answer: CachedAnswer) -> Completion:
+        """A cache hit, served as a normal completion: the stored answer in a few chunks."""
+        completion = Completion(request, answer.model, request.tier or "S", cached.result,
+                                chunks=_empty())
+        completion.timings.add("cache", cached.seconds)
+        first, *rest = answer.chunks()
+        self.metrics.inflight.inc()
+        completion.chunks = self._measured(completion, first, _iterate(rest))
         self._absorb(completion, first)
         return completion
 
@@ -179,6 +204,11 @@ async def _aclose(it: AsyncIterator[Chunk]) -> None:
             await close()
         except RuntimeError:  # already running in another task; it will stop itself
             pass
+
+
+async def _iterate(chunks: list[Chunk]) -> AsyncIterator[Chunk]:
+    for chunk in chunks:
+        yield chunk
 
 
 async def _empty() -> AsyncIterator[Chunk]:

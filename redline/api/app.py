@@ -27,11 +27,13 @@ from redline.api.limits import RateLimit, TenantLimiter
 from redline.api.middleware import BodyLimit, BodyTimeout, ReadyGate
 from redline.api.server import CountInflight, Inflight
 from redline.backends.base import Backend
+from redline.cache import ResponseCache
 from redline.config import ModelConfig, RedlineConfig
 from redline.experiments import Experiments
 from redline.jobs.service import JobService
 from redline.pipeline import Pipeline
 from redline.routing.router import Router
+from redline.store import open_store
 from redline.streams import StreamManager
 from redline.telemetry.live import LiveStats
 from redline.telemetry.longtail import LongTailLog
@@ -62,6 +64,10 @@ def create_app(config: RedlineConfig, backends: Mapping[str, Backend] | None = N
     default = config.default_model if config.default_model in backends else next(iter(backends))
     pipeline = Pipeline(backends, default, metrics,
                         router=Router(backends, default, config.routing, metrics))
+    store = open_store(config.store.url or "memory://")  # the one store: caches, journals, ...
+    if config.cache.enabled:
+        pipeline.cache = ResponseCache(config.cache, store, metrics)
+        pipeline.observers.append(pipeline.cache)  # stores each fresh answer
     pipeline.experiments = Experiments(config.experiments, backends)  # A/B arms, before the cache
     pipeline.observers.append(pipeline.experiments.recorder)  # per-arm figures
 
@@ -79,12 +85,14 @@ def create_app(config: RedlineConfig, backends: Mapping[str, Backend] | None = N
             await app.state.streams.close()
             await pipeline.close()
             await app.state.limiter.close()
+            await store.close()
 
     app = FastAPI(title="redline", version="0.1.0", lifespan=lifespan,
                   description="Low-latency LLM serving layer, OpenAI-compatible.")
     app.state.config = config
     app.state.pipeline = pipeline
     app.state.metrics = metrics
+    app.state.store = store
     app.state.draining = False
     app.state.started_at = time.time()
     _telemetry(app, pipeline, config)

@@ -12,6 +12,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from redline.api import jobs_routes, sse
 from redline.api.schemas import ChatCompletionRequest, CompletionRequest
+from redline.api.tenant import tenant_of
 from redline.errors import InvalidRequest
 from redline.pipeline import AUTO, Completion, Pipeline
 from redline.streams import Progress, StreamManager
@@ -25,7 +26,7 @@ def _pipeline(request: Request) -> Pipeline:
 
 
 def _tenant(request: Request) -> str:
-    return getattr(request.state, "tenant", "anonymous")
+    return tenant_of(request)
 
 
 def _tier(request: Request, body_tier: str | None) -> str | None:
