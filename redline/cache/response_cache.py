@@ -112,8 +112,8 @@ class ResponseCache:
         # a miss's question vector, kept until its answer is stored (so it is embedded once)
         self._vectors: TTLCache[str, np.ndarray] = TTLCache(maxsize=4096, ttl=600)
         self._tasks: set[asyncio.Task[None]] = set()
-        self.lookup_seconds = None
-        if metrics is not None:
+        self.lookup_seconds: Histogram | None = None
+        if metrics is not None and metrics.enabled:  # off: no-op metrics, nothing to add
             self.lookup_seconds = Histogram(
                 "redline_cache_lookup_seconds", "Response cache lookup time, by result",
                 ("result",), buckets=(0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.03,
@@ -169,10 +169,10 @@ class ResponseCache:
                 log.warning("cache lookup skipped: %s", exc.message)
                 out = Lookup("error")
         out.seconds = time.perf_counter() - t0
-        if self.metrics is not None and self.lookup_seconds is not None:
+        if self.metrics is not None:
             self.metrics.cache_lookups.labels(out.result).inc()
-            if out.result != "bypass":
-                self.lookup_seconds.labels(out.result).observe(out.seconds)
+        if self.lookup_seconds is not None and out.result != "bypass":
+            self.lookup_seconds.labels(out.result).observe(out.seconds)
         if out.result == "error":
             out.result = "miss"  # what the client sees (X-Redline-Cache): the model answered
         return out
