@@ -107,7 +107,12 @@ async def main(args: argparse.Namespace) -> dict[str, object]:
             t["errors"] += sum(1 for s in result.samples if not s.ok)
             t["tokens"] += sum(s.tokens for s in result.samples if s.ok)
             t["seconds"] += result.wall_s
-            rounds.append({"arm": name, "req_per_s": round(len(result.samples) / result.wall_s, 1)})
+            rounds.append({"arm": name, "req_per_s": round(len(result.samples) / result.wall_s, 2)})
+        # each ABBA quartet gives two adjacent on/off pairs: their ratios show the spread
+        pairs = [(rounds[k], rounds[k + 1]) for k in range(0, len(rounds) - 1, 2)]
+        pair_ratios = sorted(
+            (a["req_per_s"] / b["req_per_s"]) if a["arm"] == "on" else (b["req_per_s"] / a["req_per_s"])
+            for a, b in pairs)
         rate = {n: t["requests"] / t["seconds"] for n, t in totals.items()}
         tok = {n: t["tokens"] / t["seconds"] for n, t in totals.items()}
         return {"backend": args.backend, "concurrency": args.concurrency, "rounds": len(rounds),
@@ -115,6 +120,8 @@ async def main(args: argparse.Namespace) -> dict[str, object]:
                 "req_per_s": {n: round(v, 2) for n, v in rate.items()},
                 "tok_per_s": {n: round(v, 1) for n, v in tok.items()},
                 "ratio_on_off": round(rate["on"] / rate["off"], 4),
+                "pair_ratio_median": round(pair_ratios[len(pair_ratios) // 2], 4),
+                "pair_ratio_range": [round(pair_ratios[0], 3), round(pair_ratios[-1], 3)],
                 "errors": {n: t["errors"] for n, t in totals.items()}, "per_round": rounds}
     finally:
         for p in procs:
