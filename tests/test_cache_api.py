@@ -116,9 +116,15 @@ def test_bypass_by_header_body_and_sampling(app_client: Any) -> None:
     settle(client)
     assert ask(client, "Hello", headers={"Cache-Control": "no-cache"}).headers["x-redline-cache"] == "bypass"
     assert ask(client, "Hello", cache=False).headers["x-redline-cache"] == "bypass"
-    assert ask(client, "Hello", temperature=0.7).headers["x-redline-cache"] == "bypass"
+    # sampled: not looked up and not stored (the header says the model answered)
+    assert ask(client, "Hello", temperature=0.7).headers["x-redline-cache"] == "miss"
+    settle(client)
+    assert ask(client, "Hello", temperature=0.7).headers["x-redline-cache"] == "miss"
     assert ask(client, "Hello").headers["x-redline-cache"] == "hit"
-    assert backend.calls == 4
+    assert backend.calls == 5
+    metrics = client.get("/metrics").text
+    assert 'redline_cache_lookups_total{result="sampled"} 2.0' in metrics
+    assert 'redline_cache_lookups_total{result="bypass"} 2.0' in metrics
 
 
 def test_sampled_requests_cached_when_configured(tmp_path: Path) -> None:

@@ -127,7 +127,8 @@ def features(text: str) -> Features:
         for part in low.split("-"):
             if part in NUMBER_WORDS:
                 numbers.add(NUMBER_WORDS[part])
-        if low.endswith("n't") or low.replace("'", "") in NEGATIONS:
+        if low.endswith("n't") or low.replace("'", "") in NEGATIONS or \
+                low.startswith(("non-", "not-", "no-")):
             negated = True
         if len(token) >= 2 and token.isupper():  # acronyms, even first: "PDF", "USB"
             names.add(low)

@@ -86,7 +86,7 @@ class CachedAnswer:
 
 @dataclass
 class Lookup:
-    result: str  # hit | semantic | miss | bypass | error
+    result: str  # hit | semantic | miss | bypass (client asked) | sampled | error
     seconds: float = 0.0
     answer: CachedAnswer | None = None
     similarity: float | None = None
@@ -160,8 +160,10 @@ class ResponseCache:
         """Keyed on the model the client named (`auto` included): the router's choice
         comes after the cache, and the same question to `auto` gets the same answer."""
         t0 = time.perf_counter()
-        if not self.cacheable(request):
+        if not request.use_cache:
             out = Lookup("bypass")
+        elif not self.cacheable(request):
+            out = Lookup("sampled")  # not looked up, not stored: one draw among many
         else:
             try:
                 out = await self._lookup(request, cache_keys(request, request.model))
@@ -171,9 +173,9 @@ class ResponseCache:
         out.seconds = time.perf_counter() - t0
         if self.metrics is not None:
             self.metrics.cache_lookups.labels(out.result).inc()
-        if self.lookup_seconds is not None and out.result != "bypass":
+        if self.lookup_seconds is not None and out.result not in ("bypass", "sampled"):
             self.lookup_seconds.labels(out.result).observe(out.seconds)
-        if out.result == "error":
+        if out.result in ("error", "sampled"):
             out.result = "miss"  # what the client sees (X-Redline-Cache): the model answered
         return out
 
@@ -202,8 +204,8 @@ class ResponseCache:
         req = completion.request
         cut_short = completion.finish_reason == "length" and \
             completion.output_tokens < req.sampling.max_tokens  # e.g. the router shortened it
-        if completion.cache != "miss" or completion.status != "200" or cut_short or \
-                completion.finish_reason not in ("stop", "length"):
+        if completion.cache != "miss" or not self.cacheable(req) or completion.status != "200" \
+                or cut_short or completion.finish_reason not in ("stop", "length"):
             self._vectors.pop(req.id, None)
             return
         usage = completion.usage
