@@ -39,8 +39,9 @@ class _GpuHardware:
         return HardwareSample(0.5, 0.5, 1, [GpuSample(0, "test gpu", 0.5, 0.5)])
 
 
-def test_dashboard_metrics_are_exported() -> None:
-    app = create_app(load_config(), backends={"fake": FakeBackend()})
+def test_dashboard_metrics_are_exported(tmp_path: Path) -> None:
+    cfg = load_config(server={"data_dir": str(tmp_path)}, cache={"enabled": False})
+    app = create_app(cfg, backends={"fake": FakeBackend()})
     with TestClient(app) as client:
         text = client.get("/metrics").text
     names = exported_names(text)

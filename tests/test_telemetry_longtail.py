@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -90,21 +91,22 @@ async def test_store_keeps_a_bounded_shared_ring() -> None:
     assert records[0]["total_ms"] == 12000.0
 
 
-def _app(**telemetry: Any) -> Any:
-    cfg = load_config(routing={"tiers": {"S": {"ttft_s": 0.01, "total_s": 0.035}, "A": {"ttft_s": 3.0},
-                                         "B": {}}}, telemetry=telemetry)
+def _app(tmp: Path, **telemetry: Any) -> Any:
+    tiers = {"S": {"ttft_s": 0.01, "total_s": 0.035}, "A": {"ttft_s": 3.0}, "B": {}}
+    cfg = load_config(server={"data_dir": str(tmp)}, routing={"tiers": tiers}, telemetry=telemetry,
+                      cache={"enabled": False}, store={"url": "memory://"})
     return create_app(cfg, backends={"fake": FakeBackend(ttft_s=0.03, tpot_s=0.002)})
 
 
 def _ready(client: TestClient) -> None:
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + 60
     while client.get("/readyz").status_code != 200:
         assert time.monotonic() < deadline
         time.sleep(0.01)
 
 
-def test_admin_slow_lists_over_budget_requests_with_stages() -> None:
-    with TestClient(_app()) as client:
+def test_admin_slow_lists_over_budget_requests_with_stages(tmp_path: Path) -> None:
+    with TestClient(_app(tmp_path)) as client:
         _ready(client)
         body = {"model": "fake", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5}
         assert client.post("/v1/chat/completions", json=body | {"tier": "S"}).status_code == 200
@@ -121,8 +123,8 @@ def test_admin_slow_lists_over_budget_requests_with_stages() -> None:
         assert client.get("/v1/admin/slow?limit=0").status_code == 400
 
 
-def test_stats_summarises_tiers() -> None:
-    with TestClient(_app()) as client:
+def test_stats_summarises_tiers(tmp_path: Path) -> None:
+    with TestClient(_app(tmp_path)) as client:
         _ready(client)
         body = {"model": "fake", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4,
                 "tier": "S"}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
@@ -48,8 +49,9 @@ def test_off_metrics_offer_every_attribute_and_record_nothing() -> None:
     assert off.value("redline_requests_total", {"status": "200"}) == 0.0
 
 
-def test_config_metrics_false_turns_recording_off() -> None:
-    cfg = load_config(telemetry={"metrics": False})
+def test_config_metrics_false_turns_recording_off(tmp_path: Path) -> None:
+    cfg = load_config(server={"data_dir": str(tmp_path)}, telemetry={"metrics": False},
+                      cache={"enabled": False})
     app = create_app(cfg, backends={"fake": FakeBackend()})
     with TestClient(app) as client:
         while client.get("/readyz").status_code != 200:
