@@ -8,7 +8,6 @@ import time
 import httpx
 import openai
 import pytest
-
 from conftest import SMOL, smol_config
 
 pytestmark = pytest.mark.slow

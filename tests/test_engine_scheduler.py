@@ -7,7 +7,7 @@ import asyncio
 import pytest
 
 from redline.engine.scheduler import Scheduler, common_prefix
-from redline.engine.sequence import Sequence, SeqState
+from redline.engine.sequence import SeqState, Sequence
 from redline.types import SamplingParams
 
 

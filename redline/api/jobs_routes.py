@@ -42,10 +42,9 @@ def decode_body(url: str, body: dict[str, Any]) -> JobSpec:
 
 def wants_job(body: ChatCompletionRequest | CompletionRequest, gen: GenerationRequest,
               pipeline: Pipeline) -> bool:
-    """`"background": true`, tier B asked for, or tier B chosen by the router for `auto`."""
-    if body.background or gen.tier == "B":
-        return True
-    return gen.tier is None and pipeline.router.decide(gen)[0] == "B"
+    """`"background": true` or tier B asked for. `auto` never turns a request into a job:
+    an OpenAI client that did not ask for one cannot read a 202 (the router serves it as A)."""
+    return bool(body.background or gen.tier == "B")
 
 
 async def accept(request: Request, body: ChatCompletionRequest | CompletionRequest,
