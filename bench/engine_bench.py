@@ -29,6 +29,8 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from routing_common import free_port, wait_up  # noqa: E402  (bench/ is on the path)
+
 from redline.bench.cli import QUESTIONS, system_prompt  # noqa: E402
 from redline.bench.loadgen import RunResult, Target, run_closed  # noqa: E402
 from redline.bench.report import percentile, summarize, table  # noqa: E402
@@ -36,26 +38,6 @@ from redline.models import bundled_path  # noqa: E402
 
 MODEL = "smollm2-135m-instruct"
 LONG_ANSWERS = [q for q in QUESTIONS if q.startswith(("Write", "Describe", "Explain", "Summarize"))]
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def wait_ready(url: str, path: str, timeout: float = 180) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(url + path, timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    raise TimeoutError(url)
 
 
 def bench_venv() -> Path:
@@ -79,7 +61,7 @@ def start_redline(tmp: Path, prefix_reuse: bool = True) -> tuple[subprocess.Pope
     proc = subprocess.Popen([sys.executable, "-m", "redline.cli", "serve", "--config", str(path)],
                             cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
-    wait_ready(url, "/readyz")
+    wait_up(url, "/readyz")
     return proc, url
 
 
@@ -91,7 +73,7 @@ def start_llamacpp(model_path: Path) -> tuple[subprocess.Popen[bytes], str]:
          "--model_alias", MODEL],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
-    wait_ready(url, "/v1/models")
+    wait_up(url, "/v1/models")
     return proc, url
 
 
