@@ -43,6 +43,21 @@ def wait_ready(url: str, timeout: float = 120.0, proc: subprocess.Popen[bytes] |
     raise TimeoutError(f"{url} not ready after {timeout} s")
 
 
+def stop_process(proc: subprocess.Popen[bytes], sig: int | None = None) -> int | None:
+    """Terminate (or send `sig`), wait up to 30 s, then kill."""
+    if proc.poll() is None:
+        if sig is None:
+            proc.terminate()
+        else:
+            proc.send_signal(sig)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    return proc.returncode
+
+
 class ServerProcess:
     """`redline serve` in a subprocess with its own config and data dir."""
 
@@ -69,17 +84,7 @@ class ServerProcess:
     def stop(self, sig: int | None = None) -> int | None:
         if self.proc is None:
             return None
-        if self.proc.poll() is None:
-            if sig is None:
-                self.proc.terminate()
-            else:
-                self.proc.send_signal(sig)
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        return self.proc.returncode
+        return stop_process(self.proc, sig)
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")

@@ -161,16 +161,9 @@ class Proc:
                                      stdout=open(self.log_path, "ab"), stderr=subprocess.STDOUT)
 
     def stop(self, sig: int | None = None) -> None:
-        if self.proc.poll() is None:
-            if sig is None:
-                self.proc.terminate()
-            else:
-                self.proc.send_signal(sig)
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        from conftest import stop_process
+
+        stop_process(self.proc, sig)
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
