@@ -1,7 +1,9 @@
 """Issue 2's figures, measured side by side in one run on the bundled SmolLM2:
 
 1. total output tok/s at concurrency 8: redline vs `python -m llama_cpp.server` vs the
-   in-process batched ceiling (our engine called directly, no HTTP);
+   in-process batched ceiling (our engine called directly, no HTTP). Both servers load
+   the same file: the one redline serves by default (`weights: auto`: SmolLM2 converted
+   to BF16 on AVX512-BF16 CPUs). The shipped Q4_1 file is measured too, for both servers;
 2. TTFT p50 at concurrency 4: redline vs llama_cpp.server;
 3. TTFT with a ~400-token shared system prompt: prefix reuse on vs off.
 
@@ -34,7 +36,7 @@ from routing_common import free_port, wait_up  # noqa: E402  (bench/ is on the p
 from redline.bench.cli import QUESTIONS, system_prompt  # noqa: E402
 from redline.bench.loadgen import RunResult, Target, run_closed  # noqa: E402
 from redline.bench.report import percentile, summarize, table  # noqa: E402
-from redline.models import bundled_path  # noqa: E402
+from redline.models import bundled_path, served_path  # noqa: E402
 
 MODEL = "smollm2-135m-instruct"
 LONG_ANSWERS = [q for q in QUESTIONS if q.startswith(("Write", "Describe", "Explain", "Summarize"))]
@@ -50,11 +52,12 @@ def bench_venv() -> Path:
     return py
 
 
-def start_redline(tmp: Path, prefix_reuse: bool = True) -> tuple[subprocess.Popen[bytes], str]:
+def start_redline(tmp: Path, prefix_reuse: bool = True,
+                  weights: str = "auto") -> tuple[subprocess.Popen[bytes], str]:
     port = free_port()
     cfg = {"server": {"port": port, "data_dir": str(tmp / f"data-{port}")},
            "models": [{"name": MODEL, "bundled": MODEL, "n_seq_max": 8, "n_ctx": 2048,
-                       "prefix_reuse": prefix_reuse}],
+                       "prefix_reuse": prefix_reuse, "weights": weights}],
            "streams": {"resume_grace_s": 0}}
     path = tmp / f"redline-{port}.yaml"
     path.write_text(yaml.safe_dump(cfg))
@@ -89,12 +92,12 @@ def body_maker(max_tokens: int, system_words: int = 0):  # type: ignore[no-untyp
     return body
 
 
-async def in_process_ceiling(max_tokens: int) -> dict[int, float]:
+async def in_process_ceiling(max_tokens: int, path: Path) -> dict[int, float]:
     from redline.engine.engine import Engine
     from redline.engine.llama import LlamaModel
     from redline.types import Message, SamplingParams
 
-    model = LlamaModel(str(bundled_path(MODEL, ROOT / ".redline" / "models")))
+    model = LlamaModel(str(path))
     engine = Engine(model, n_ctx_per_seq=2048, n_seq_max=8, n_batch=512, n_threads=0)
     sp = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
     out = {}
@@ -135,10 +138,12 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--max-tokens", type=int, default=64)
     args = ap.parse_args()
-    model_path = bundled_path(MODEL, ROOT / ".redline" / "models")
+    shipped = bundled_path(MODEL, ROOT / ".redline" / "models")
+    model_path = served_path(shipped, "auto")
+    print(f"served file: {model_path.name}; shipped file: {shipped.name}")
     tmp = Path(tempfile.mkdtemp(prefix="redline-bench-"))
 
-    ceiling = asyncio.run(in_process_ceiling(args.max_tokens))
+    ceiling = asyncio.run(in_process_ceiling(args.max_tokens, model_path))
     print(f"in-process engine: 1 seq {ceiling[1]:.1f} tok/s, 8 batched {ceiling[8]:.1f} tok/s")
 
     procs = []
@@ -149,6 +154,12 @@ def main() -> int:
         no_cache = {"cache": False}  # measure the engine, not the response cache
         targets = [Target("redline", redline_url, MODEL, extra=no_cache),
                    Target("llama_cpp.server", llama_url, MODEL)]
+        if model_path != shipped:
+            p5, red_q41 = start_redline(tmp, weights="as-shipped")
+            p6, lcs_q41 = start_llamacpp(shipped)
+            procs += [p5, p6]
+            targets += [Target("redline (Q4_1)", red_q41, MODEL, extra=no_cache),
+                        Target("llama_cpp.server (Q4_1)", lcs_q41, MODEL)]
         body = body_maker(args.max_tokens)
         for t in targets:
             asyncio.run(run_closed(t, body, 2, 4))  # warm both
@@ -156,10 +167,9 @@ def main() -> int:
         for c in (4, 8):
             out[c] = asyncio.run(interleaved(targets, body, c, args.requests, args.rounds))
         print(table([summarize(r) for c in (4, 8) for r in out[c]]))
-        p1.terminate()
-        p1.wait()
-        p2.terminate()
-        p2.wait()
+        for p in procs:
+            p.terminate()
+            p.wait()
         procs.clear()
 
         p3, reuse_url = start_redline(tmp, prefix_reuse=True)
@@ -191,6 +201,10 @@ def main() -> int:
     print(f"c=8 total tok/s vs in-process batched ceiling  {red8:8.1f}      {ceiling[8]:8.1f}     {red8 / ceiling[8]:6.2f}x  >= 0.8x")
     print(f"c=4 TTFT p50 ms vs llama_cpp.server            {red4 * 1000:8.0f}      {lcs4 * 1000:8.0f}     {red4 / lcs4:6.2f}x  <= 0.25x")
     print(f"TTFT p50 ms, {prompt_tokens}-token prompt, reuse vs none {reuse * 1000:8.0f}      {plain * 1000:8.0f}     {reuse / plain:6.2f}x  <= 0.3x")
+    if len(s[8]) == 4:
+        rq, lq = s[8][2].tok_s, s[8][3].tok_s
+        print(f"shipped Q4_1 file: c=8 tok/s redline {rq:.1f} vs llama_cpp.server {lq:.1f} = {rq / lq:.2f}x;"
+              f" c=4 TTFT p50 {s[4][2].ttft[0] * 1000:.0f} vs {s[4][3].ttft[0] * 1000:.0f} ms")
     return 0
 
 

@@ -9,8 +9,13 @@
 from __future__ import annotations
 
 import importlib.metadata
+import logging
+import os
 import sys
+import tempfile
 from pathlib import Path
+
+log = logging.getLogger(__name__)
 
 BUNDLED = ("smollm2-135m-instruct", "gemma3-270m")
 
@@ -36,11 +41,73 @@ def bundled_path(name: str, models_dir: Path) -> Path:
     return path
 
 
+def cpu_has_bf16() -> bool:
+    """AVX512-BF16: llama.cpp's CPU backend runs BF16 weights through it in batches."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            return any(line.startswith("flags") and " avx512_bf16" in line for line in f)
+    except OSError:
+        return False
+
+
+def check_weights_type(name: str) -> None:
+    import llama_cpp as ll
+
+    if not hasattr(ll, f"LLAMA_FTYPE_MOSTLY_{name}"):
+        raise ValueError(f"weights: unknown GGUF type {name!r} (try as-shipped, auto, BF16, F16, "
+                         "Q8_0, Q6_K, Q5_K_M, Q4_K_M)")
+
+
+def conversion_cache() -> Path:
+    """Where converted weights are kept, shared by every server on the machine."""
+    base = os.environ.get("REDLINE_CACHE_DIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "redline")
+    return Path(base) / "models"
+
+
+def served_path(src: Path, weights: str, models_dir: Path | None = None) -> Path:
+    """The file the engine loads: `src` itself, or `src` converted to `weights` once.
+
+    The conversion is llama.cpp's own quantize (allow_requantize), kept in
+    `conversion_cache()`; it is written to a temporary name and renamed, so servers that
+    start together never read half a file."""
+    if weights == "auto":
+        weights = "BF16" if cpu_has_bf16() else "as-shipped"
+    if weights == "as-shipped":
+        return src
+    check_weights_type(weights)
+    models_dir = models_dir or conversion_cache()
+    dst = models_dir / f"{src.stem}.{weights}.gguf"
+    if dst.exists() and dst.stat().st_mtime >= src.stat().st_mtime:
+        return dst
+    from redline.optimize.gguf import quantize
+
+    models_dir.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=models_dir, prefix=f".{dst.name}.", suffix=".part")
+    os.close(fd)
+    try:
+        quantize(src, Path(tmp), weights)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, dst)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    log.info("converted %s to %s: %s", src.name, weights, dst)
+    return dst
+
+
 def main() -> None:
     models_dir = Path(sys.argv[1] if len(sys.argv) > 1 else ".redline/models")
     models_dir.mkdir(parents=True, exist_ok=True)
-    for name in BUNDLED:
-        print(f"{name}: {bundled_path(name, models_dir)}")
+    from redline.config import _default_models
+
+    for cfg in _default_models():
+        if cfg.bundled:
+            src = bundled_path(cfg.bundled, models_dir)
+            print(f"{cfg.name}: {src}")
+            served = served_path(src, cfg.weights)
+            if served != src:
+                print(f"{cfg.name}: served as {served}")
 
 
 if __name__ == "__main__":

@@ -28,6 +28,7 @@ def test_defaults_are_the_embedded_models():
     "models: [{name: m, bundled: x}, {name: m, bundled: y}]",
     "default_model: nope",
     "sever: {port: 1}",  # a typo is an error, not ignored
+    "models: [{name: m, bundled: x, weights: Q9_9}]",  # no such GGUF type
 ])
 def test_bad_config_is_refused(tmp_path, text):
     path = tmp_path / "r.yaml"

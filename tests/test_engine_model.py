@@ -204,3 +204,43 @@ async def test_seeded_sampling_is_reproducible_and_differs_from_greedy(model):
         assert len(others) > 1
     finally:
         engine.close()
+
+
+def test_weights_conversion_is_cached_and_keeps_the_model(model, tmp_path, monkeypatch):
+    """`weights: BF16` converts the shipped file once (kept in the conversion cache) and the
+    converted model predicts what the shipped one does; Q2_K, a lossy type, shows that the
+    comparison can fail."""
+    from redline.models import served_path
+
+    monkeypatch.setenv("REDLINE_CACHE_DIR", str(tmp_path))
+    src = Path(model.path)
+    assert served_path(src, "as-shipped") == src
+    bf16 = served_path(src, "BF16")
+    assert bf16.parent == tmp_path / "models" and bf16.exists()
+    stamp = bf16.stat().st_mtime_ns
+    assert served_path(src, "BF16") == bf16 and bf16.stat().st_mtime_ns == stamp  # cached
+    assert not list((tmp_path / "models").glob("*.part"))
+
+    def last_logits(m):
+        runner = LlamaRunner(m, 256, 1, 64, 2)
+        try:
+            tokens = chat(m, "What is the capital of France?")
+            runner.decode([BatchEntry(t, i, 0, i == len(tokens) - 1) for i, t in enumerate(tokens)])
+            return runner.logits(len(tokens) - 1).copy()
+        finally:
+            runner.close()
+
+    ref = last_logits(model)
+
+    def kl(path):  # KL(shipped || converted) of the next-token distribution
+        m = LlamaModel(str(path))
+        try:
+            out = last_logits(m)
+        finally:
+            m.close()
+        p, q = np.exp(ref - ref.max()), np.exp(out - out.max())
+        p, q = p / p.sum(), q / q.sum()
+        return float(np.sum(p * (np.log(p + 1e-12) - np.log(q + 1e-12))))
+
+    assert kl(bf16) < 0.02
+    assert kl(served_path(src, "Q2_K")) > 0.02

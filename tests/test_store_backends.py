@@ -75,6 +75,14 @@ async def test_lists_append_and_range(store: Store) -> None:
     assert await store.range("j") == []
 
 
+async def test_lists_extend_appends_many_in_order(store: Store) -> None:
+    assert await store.append("j", b"a") == 1
+    assert await store.extend("j", [b"b", b"c", b"d"], ttl=30) == 4
+    assert await store.extend("j", [b"e"]) == 5
+    assert await store.range("j") == [b"a", b"b", b"c", b"d", b"e"]
+    assert await store.range("j", 2) == [b"c", b"d", b"e"]
+
+
 async def test_hashes(store: Store) -> None:
     await store.hset("h", "a", b"1")
     await store.hset("h", "b", b"2")

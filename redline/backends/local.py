@@ -12,7 +12,7 @@ from redline.config import ModelConfig
 from redline.engine.engine import Engine
 from redline.engine.llama import LlamaModel
 from redline.errors import ContextLengthExceeded, NotReady
-from redline.models import bundled_path
+from redline.models import bundled_path, served_path
 from redline.types import Chunk, GenerationRequest, SamplingParams
 
 
@@ -32,6 +32,7 @@ class LocalBackend:
     def _load(self) -> None:
         cfg = self.cfg
         path = Path(cfg.path) if cfg.path else bundled_path(cfg.bundled or "", self._models_dir)
+        path = served_path(path, cfg.weights)
         self.model = LlamaModel(str(path), self.cfg.chat_template)
         self.engine = Engine(self.model, n_ctx_per_seq=self.cfg.n_ctx, n_seq_max=self.cfg.n_seq_max,
                              n_batch=self.cfg.n_batch, n_threads=self.cfg.n_threads,

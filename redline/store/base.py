@@ -42,6 +42,10 @@ class Store(Protocol):
         """Append to the list at `key`; returns its new length. TTL refreshed."""
         ...
 
+    async def extend(self, key: str, values: list[bytes], ttl: float | None = None) -> int:
+        """Append several items in one write (one transaction, one round trip)."""
+        ...
+
     async def range(self, key: str, start: int = 0) -> list[bytes]:
         """Items from index `start` (0-based) to the end; [] when the key is absent."""
         ...

@@ -62,8 +62,11 @@ class MemoryStore:
         return n
 
     async def append(self, key: str, value: bytes, ttl: float | None = None) -> int:
+        return await self.extend(key, [value], ttl)
+
+    async def extend(self, key: str, values: list[bytes], ttl: float | None = None) -> int:
         item = self._get(key, list) or _Item([], _deadline(ttl))
-        item.value.append(bytes(value))
+        item.value.extend(bytes(v) for v in values)
         if ttl is not None:
             item.expires = _deadline(ttl)
         self._data[key] = item  # re-insert: refreshes LRU order and TTL

@@ -78,9 +78,12 @@ class RedisStore:
         return int(out[-1])
 
     async def append(self, key: str, value: bytes, ttl: float | None = None) -> int:
+        return await self.extend(key, [value], ttl)
+
+    async def extend(self, key: str, values: list[bytes], ttl: float | None = None) -> int:
         if ttl is None:
-            return int(await self._call(self._r.rpush(key, value)))  # type: ignore[misc]
-        out = await self._tx(lambda p: p.rpush(key, value).pexpire(key, _ms(ttl)))
+            return int(await self._call(self._r.rpush(key, *values)))  # type: ignore[misc]
+        out = await self._tx(lambda p: p.rpush(key, *values).pexpire(key, _ms(ttl)))
         return int(out[0])
 
     async def range(self, key: str, start: int = 0) -> list[bytes]:

@@ -151,6 +151,9 @@ class SQLiteStore:
 
     # -- lists -----------------------------------------------------------------
     async def append(self, key: str, value: bytes, ttl: float | None = None) -> int:
+        return await self.extend(key, [value], ttl)
+
+    async def extend(self, key: str, values: list[bytes], ttl: float | None = None) -> int:
         def op(db: sqlite3.Connection) -> int:
             live = self._live(db, key, "list", purge=True)
             if live is None:
@@ -159,13 +162,15 @@ class SQLiteStore:
                 n = 0
             else:
                 n = live[1]
-            db.execute("INSERT INTO items (key, idx, value) VALUES (?, ?, ?)", (key, n, bytes(value)))
+            db.executemany("INSERT INTO items (key, idx, value) VALUES (?, ?, ?)",
+                           [(key, n + i, bytes(v)) for i, v in enumerate(values)])
+            n += len(values)
             if ttl is None:
-                db.execute("UPDATE keys SET n = ? WHERE key = ?", (n + 1, key))
+                db.execute("UPDATE keys SET n = ? WHERE key = ?", (n, key))
             else:
                 db.execute("UPDATE keys SET n = ?, expires = ? WHERE key = ?",
-                           (n + 1, _expires(ttl), key))
-            return n + 1
+                           (n, _expires(ttl), key))
+            return n
         return await self._write(op)
 
     async def range(self, key: str, start: int = 0) -> list[bytes]:

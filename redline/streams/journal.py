@@ -66,8 +66,8 @@ class Journal:
     async def open(self, stream_id: str, meta: StreamMeta) -> bool:
         return await self._safe(self.store.set(self._meta(stream_id), meta.encode(), self.ttl_s))
 
-    async def append(self, stream_id: str, event: bytes) -> bool:
-        return await self._safe(self.store.append(self._events(stream_id), event, self.ttl_s))
+    async def append(self, stream_id: str, events: list[bytes]) -> bool:
+        return await self._safe(self.store.extend(self._events(stream_id), events, self.ttl_s))
 
     async def finish(self, stream_id: str, meta: StreamMeta) -> bool:
         # also refreshes the meta TTL, so that it lives as long as the events it announces

@@ -35,6 +35,12 @@ class LiveStream:
 
     async def read(self, after: int) -> AsyncIterator[bytes]:
         """Events with seq > `after`, as they come, until the stream is done."""
+        async for batch in self.batches(after):
+            for event in batch:
+                yield event
+
+    async def batches(self, after: int) -> AsyncIterator[list[bytes]]:
+        """The same, as lists of whatever has come since the last one."""
         i = after
         while True:
             async with self.cond:
@@ -42,9 +48,9 @@ class LiveStream:
                     await self.cond.wait()
                 batch = self.events[i:]
                 done = self.done
-            for event in batch:
-                i += 1
-                yield event
+            if batch:
+                i += len(batch)
+                yield batch
             if done and i >= len(self.events):
                 return
 
