@@ -34,16 +34,17 @@ def litellm(procs: Procs, upstream: str, venv: Path) -> str:
                         "--num_workers", "1"], f"http://127.0.0.1:{port}", "/health/liveliness")
 
 
-async def run(n: int, concurrency: int, venv: Path | None) -> dict[str, object]:
+async def run(n: int, concurrency: int, venv: Path | None, tpot: float = 0.001,
+              tokens: int = 16) -> dict[str, object]:
     procs = Procs()
     try:
-        up = procs.upstream(ttft=0.0, tpot=0.001)
+        up = procs.upstream(ttft=0.0, tpot=tpot)
         targets = {"direct": up,
                    "redline": procs.gateway([{"name": "m", "backend": "openai", "url": up}],
                                             routing={"classifier": "off"})}
         if venv is not None and (venv / "bin" / "litellm").exists():
             targets["litellm"] = litellm(procs, up, venv)
-        body = {"model": "m", "max_tokens": 16, "messages": [{"role": "user", "content": "hi"}]}
+        body = {"model": "m", "max_tokens": tokens, "messages": [{"role": "user", "content": "hi"}]}
         out: dict[str, object] = {}
         for name, url in targets.items():
             auth = {"Authorization": f"Bearer {KEY}"} if name == "litellm" else None
@@ -67,8 +68,11 @@ def main() -> None:
     p.add_argument("-n", type=int, default=3000)
     p.add_argument("-c", "--concurrency", type=int, default=64)
     p.add_argument("--litellm-venv", default="/tmp/litellm-venv")
+    p.add_argument("--tpot", type=float, default=0.001, help="upstream seconds per token")
+    p.add_argument("--tokens", type=int, default=16, help="max_tokens of each request")
     a = p.parse_args()
-    print(json.dumps(asyncio.run(run(a.n, a.concurrency, Path(a.litellm_venv))), indent=2))
+    venv = Path(a.litellm_venv) if a.litellm_venv else None
+    print(json.dumps(asyncio.run(run(a.n, a.concurrency, venv, a.tpot, a.tokens)), indent=2))
 
 
 if __name__ == "__main__":

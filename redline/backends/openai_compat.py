@@ -36,24 +36,28 @@ class OpenAICompatBackend:
         if not self.base.endswith("/v1"):
             self.base += "/v1"
         self.upstream_model = upstream_model or name
+        # parsed once: httpx parses a URL string on every request otherwise
+        self._urls = {"chat": httpx.URL(f"{self.base}/chat/completions"),
+                      "text": httpx.URL(f"{self.base}/completions")}
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         # httpx has one read timeout; the first token may take longer than later ones
         timeout = httpx.Timeout(connect=connect_timeout_s, read=max(ttft_timeout_s, read_timeout_s),
                                 write=connect_timeout_s, pool=connect_timeout_s)
-        limits = httpx.Limits(max_connections=1024, max_keepalive_connections=256)
-        self._client = client or httpx.AsyncClient(headers=headers, timeout=timeout, limits=limits)
+        self._new_client = lambda: httpx.AsyncClient(headers=headers, timeout=timeout,
+                                                     limits=_SHARD_LIMITS)
+        self._shards = _Shards([client] if client else [], self._new_client)
         self.inflight = 0
 
     async def start(self) -> None:
         return None  # a remote engine is up or not; the breaker learns which
 
     async def close(self) -> None:
-        await self._client.aclose()
+        await self._shards.close()
 
     def load(self) -> int:
         return self.inflight
 
-    def _payload(self, request: GenerationRequest) -> tuple[str, dict[str, Any]]:
+    def _payload(self, request: GenerationRequest) -> tuple[httpx.URL, dict[str, Any]]:
         s = request.sampling
         body: dict[str, Any] = {"model": self.upstream_model, "stream": True,
                                 "stream_options": {"include_usage": True},
@@ -69,19 +73,21 @@ class OpenAICompatBackend:
             body["ignore_eos"] = True
         if request.messages is not None:
             body["messages"] = [{"role": m.role, "content": m.content} for m in request.messages]
-            return f"{self.base}/chat/completions", body
+            return self._urls["chat"], body
         body["prompt"] = request.prompt or ""
-        return f"{self.base}/completions", body
+        return self._urls["text"], body
 
     async def stream(self, request: GenerationRequest) -> AsyncIterator[Chunk]:
         url, body = self._payload(request)
         t0 = time.perf_counter()
         self.inflight += 1
+        shard = self._shards.pick()
+        shard.inflight += 1
         response: httpx.Response | None = None
         try:
             try:
-                response = await self._client.send(
-                    self._client.build_request("POST", url, json=body), stream=True)
+                response = await shard.client.send(
+                    shard.client.build_request("POST", url, json=body), stream=True)
             except httpx.HTTPError as exc:
                 raise BackendError(f"{self.info.name}: upstream unreachable "
                                    f"({type(exc).__name__})") from exc
@@ -92,6 +98,7 @@ class OpenAICompatBackend:
                 yield chunk
         finally:
             self.inflight -= 1
+            shard.inflight -= 1
             if response is not None:
                 await response.aclose()  # upstream sees the disconnect and stops
 
@@ -102,13 +109,18 @@ class OpenAICompatBackend:
         finish: FinishReason | None = None
         tail = ""  # text that came with the finish reason; sent with the last chunk
         usage: Usage | None = None
+        done = False
         try:
             async for line in response.aiter_lines():
-                if not line.startswith("data:"):
+                # after [DONE], read on to the end of the body (there is nothing more but
+                # its terminator) so that the connection goes back to the pool instead of
+                # being closed: a new TCP connection per request costs more than the rest
+                if done or not line.startswith("data:"):
                     continue
                 data = line[5:].strip()
                 if data == "[DONE]":
-                    break
+                    done = True
+                    continue
                 event = json.loads(data)
                 if "error" in event and not event.get("choices"):
                     raise BackendError(f"{self.info.name}: {_message(event)}")
@@ -140,6 +152,43 @@ class OpenAICompatBackend:
             usage = Usage(0, tokens)
         yield Chunk(text=tail, tokens=1 if tail else 0, finish_reason=finish or "stop",
                     usage=usage, timings=timings)
+
+
+# httpcore's pool looks at every pooled connection on each request and each release
+# (is it expired? is the socket readable? a getpeername() each): at 64 streams that
+# was half the gateway's CPU. Several small pools keep each scan short.
+_SHARD_LIMITS = httpx.Limits(max_connections=256, max_keepalive_connections=16)
+_PER_SHARD = 4  # requests in flight on a shard before another pool is opened
+_MAX_SHARDS = 64
+
+
+class _Shard:
+    __slots__ = ("client", "inflight")
+
+    def __init__(self, client: httpx.AsyncClient) -> None:
+        self.client = client
+        self.inflight = 0
+
+
+class _Shards:
+    """Connection pools to one upstream; a request takes the least busy one."""
+
+    def __init__(self, clients: list[httpx.AsyncClient], new: Any) -> None:
+        self.shards = [_Shard(c) for c in clients]
+        self.fixed = bool(clients)  # a client given from outside: use it alone
+        self.new = new
+
+    def pick(self) -> _Shard:
+        best = min(self.shards, key=lambda s: s.inflight) if self.shards else None
+        if best is None or (not self.fixed and best.inflight >= _PER_SHARD
+                            and len(self.shards) < _MAX_SHARDS):
+            best = _Shard(self.new())
+            self.shards.append(best)
+        return best
+
+    async def close(self) -> None:
+        for shard in self.shards:
+            await shard.client.aclose()
 
 
 def _text(choice: dict[str, Any]) -> str:
