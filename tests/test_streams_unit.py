@@ -50,6 +50,14 @@ def test_prediction_past_every_seen_length_keeps_growing():
     assert p.revise(10) == 13
 
 
+def test_revise_moves_to_a_broader_rung_when_few_similar_answers_are_longer():
+    # specific rung: one answer longer than 25 (a lone 200); broader rung: many near 60
+    p = Prediction(1000, (10, 12, 15, 20, 200), None, ((10, 20, 55, 60, 60, 65, 200),))
+    assert p.expected == 15
+    assert p.revise(25) == 60  # median of the broader rung's {55, 60, 60, 65, 200}
+    assert Prediction(1000, (10, 12, 15, 20, 200), None).revise(25) == 200  # no broader rung
+
+
 def test_history_falls_back_to_coarser_keys_and_learns_the_rate():
     h = LengthHistory()
     for n in range(5):

@@ -17,7 +17,9 @@ Each rung keeps its last WINDOW output lengths. The prediction before the first
 token is their median clipped to max_tokens (the median minimises the expected
 absolute error). As tokens arrive, `Prediction.revise(n)` takes the median of the
 lengths longer than n, the conditional median given that the answer has not ended
-yet; past every length seen it assumes a quarter more. Per model it also keeps an
+yet, from the most specific rung that still has MIN_LONGER such lengths (a specific
+rung soon has only one or two answers longer than n, and one sample is a poor
+median); past every length seen it assumes a quarter more. Per model it also keeps an
 EWMA of the time per output token, for the countdown before the live rate is known.
 
 The history lives in the process (it warms up from the traffic it serves).
@@ -39,6 +41,7 @@ if TYPE_CHECKING:  # the pipeline is a higher layer; only its type is needed her
 
 WINDOW = 200
 MIN_SAMPLES = 5
+MIN_LONGER = 3  # answers longer than n a rung needs for revise(n) to use it
 TPOT_ALPHA = 0.2
 MAX_KEYS = 10_000  # rungs kept at most (oldest dropped): prompts must not grow memory
 
@@ -48,6 +51,7 @@ class Prediction:
     max_tokens: int
     samples: tuple[int, ...]  # lengths of similar answers, clipped to max_tokens, sorted
     tpot_s: float | None  # the model's recent time per output token
+    coarser: tuple[tuple[int, ...], ...] = ()  # the same from the broader rungs, in order
 
     @property
     def expected(self) -> int:
@@ -60,7 +64,13 @@ class Prediction:
         """Expected output tokens, knowing that n came and the answer goes on."""
         if n >= self.max_tokens or not self.samples:
             return self.max_tokens
-        longer = self.samples[bisect.bisect_right(self.samples, n):]
+        longer: tuple[int, ...] = ()
+        for rung in (self.samples, *self.coarser):
+            longer = rung[bisect.bisect_right(rung, n):]
+            if len(longer) >= MIN_LONGER:
+                break
+        if len(longer) < MIN_LONGER:  # no rung has enough: the most specific one says
+            longer = self.samples[bisect.bisect_right(self.samples, n):]
         guess = statistics.median(longer) if longer else math.ceil(n * 1.25)
         return int(min(self.max_tokens, max(n + 1, round(guess))))
 
@@ -95,12 +105,14 @@ class LengthHistory:
 
     def predict(self, request: GenerationRequest, model: str, tier: str) -> Prediction:
         max_tokens = request.sampling.max_tokens
+        rungs = []
         for key in _keys(model, tier, request):
             seen = self._lengths.get(key)
             if seen is not None and len(seen) >= MIN_SAMPLES:
-                samples = tuple(sorted(min(n, max_tokens) for n in seen))
-                return Prediction(max_tokens, samples, self._tpot.get(model))
-        return Prediction(max_tokens, (), self._tpot.get(model))
+                rungs.append(tuple(sorted(min(n, max_tokens) for n in seen)))
+        if not rungs:
+            return Prediction(max_tokens, (), self._tpot.get(model))
+        return Prediction(max_tokens, rungs[0], self._tpot.get(model), tuple(rungs[1:]))
 
     def record(self, request: GenerationRequest, model: str, tier: str, output_tokens: int,
                tpot_s: float | None = None) -> None:
