@@ -167,6 +167,11 @@ def main() -> int:
         for c in (4, 8):
             out[c] = asyncio.run(interleaved(targets, body, c, args.requests, args.rounds))
         print(table([summarize(r) for c in (4, 8) for r in out[c]]))
+        # this machine's speed drifts by tens of percent over minutes: the ceiling is
+        # measured again right after the servers' runs, and the figure uses the mean
+        after = asyncio.run(in_process_ceiling(args.max_tokens, model_path))
+        print(f"in-process engine, after: 1 seq {after[1]:.1f} tok/s, 8 batched {after[8]:.1f} tok/s")
+        ceiling = {c: (ceiling[c] + after[c]) / 2 for c in ceiling}
         for p in procs:
             p.terminate()
             p.wait()
@@ -198,7 +203,7 @@ def main() -> int:
     print()
     print("figure                                         result        baseline       ratio   goal")
     print(f"c=8 total tok/s vs llama_cpp.server            {red8:8.1f}      {lcs8:8.1f}     {red8 / lcs8:6.2f}x  >= 3x")
-    print(f"c=8 total tok/s vs in-process batched ceiling  {red8:8.1f}      {ceiling[8]:8.1f}     {red8 / ceiling[8]:6.2f}x  >= 0.8x")
+    print(f"c=8 total tok/s vs in-process batched ceiling  {red8:8.1f}      {ceiling[8]:8.1f}     {red8 / ceiling[8]:6.2f}x  >= 0.8x  (mean of before/after)")
     print(f"c=4 TTFT p50 ms vs llama_cpp.server            {red4 * 1000:8.0f}      {lcs4 * 1000:8.0f}     {red4 / lcs4:6.2f}x  <= 0.25x")
     print(f"TTFT p50 ms, {prompt_tokens}-token prompt, reuse vs none {reuse * 1000:8.0f}      {plain * 1000:8.0f}     {reuse / plain:6.2f}x  <= 0.3x")
     if len(s[8]) == 4:
