@@ -18,10 +18,8 @@ import random
 import sys
 from pathlib import Path
 
-import httpx
-
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from routing_common import Procs, Result, stream_once, summary  # noqa: E402
+from routing_common import Procs, Result, session, stream_once, summary  # noqa: E402
 
 from redline.routing.classifier import load_examples  # noqa: E402
 
@@ -59,8 +57,7 @@ def _pick(x: float) -> tuple[str, int]:
 async def open_loop(url: str, work: list[tuple[str, dict[str, object]]], rate: float,
                     seed: int = 1) -> list[Result]:
     rng = random.Random(seed)
-    limits = httpx.Limits(max_connections=2000, max_keepalive_connections=200)
-    async with httpx.AsyncClient(timeout=300, limits=limits) as client:
+    async with session(1000, timeout=300) as client:
         tasks = []
         for tier, body in work:
             tasks.append(asyncio.create_task(

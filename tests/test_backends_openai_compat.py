@@ -7,6 +7,8 @@ from typing import Any
 
 import httpx
 import pytest
+from fastapi import FastAPI
+from fastapi.responses import JSONResponse
 
 from redline.backends.fake import FakeBackend
 from redline.backends.fake_upstream import Dist, UpstreamSpec, create_upstream
@@ -72,16 +74,35 @@ async def test_errors_before_the_first_token(live_app: Any) -> None:
     await dead.close()
 
 
-async def test_upstream_400_is_the_users_error() -> None:
-    def handler(request: httpx.Request) -> httpx.Response:
-        return httpx.Response(400, json={"error": {"message": "bad temperature", "type": "x",
-                                                   "param": None, "code": None}})
+async def test_upstream_400_is_the_users_error(live_app: Any) -> None:
+    app = FastAPI()
 
-    client = httpx.AsyncClient(transport=httpx.MockTransport(handler))
-    b = OpenAICompatBackend("m", "http://upstream", client=client)
+    @app.get("/readyz")
+    async def ready() -> dict[str, str]:
+        return {"status": "ready"}
+
+    @app.post("/v1/chat/completions")
+    async def refuse() -> JSONResponse:
+        return JSONResponse({"error": {"message": "bad temperature", "type": "x", "param": None,
+                                       "code": None}}, status_code=400)
+
+    up = live_app(app)
+    b = OpenAICompatBackend("m", up.url)
     with pytest.raises(InvalidRequest, match="bad temperature"):
         async for _ in b.stream(chat()):
             pass
+    await b.close()
+
+
+async def test_connection_is_reused_after_a_complete_stream(live_app: Any) -> None:
+    up = live_app(create_upstream(UpstreamSpec(ttft=Dist(0.0), tpot=Dist(0.0))))
+    b = OpenAICompatBackend("m", up.url)
+    for _ in range(5):
+        assert "".join([c.text async for c in b.stream(chat(3))]) == "tok tok tok"
+    # read to the end of each body, every stream went back to the pool: one connection
+    connector = b._client().connector
+    assert connector is not None
+    assert sum(len(v) for v in connector._conns.values()) == 1
     await b.close()
 
 

@@ -1,20 +1,26 @@
 """Any OpenAI-compatible engine (vLLM, SGLang, TGI, Ollama, llama.cpp's server, OpenAI)
-as a backend, streamed over httpx.
+as a backend, streamed over aiohttp.
 
 Closing the stream closes the upstream response, so the engine sees its client go and
 stops generating: a client that leaves, or a hedge that loses, costs the upstream nothing
 more. Errors before the first token are raised as redline errors (BackendError is
 retryable, InvalidRequest is the user's); after it, the stream ends with an error chunk.
+
+Why aiohttp and not httpx: relaying tokens is most of a gateway's work, and per SSE
+chunk httpx (httpcore + h11 in Python, an anyio cancel scope around every read) cost
+several times what aiohttp's C parser and plain read timer do; httpcore's pool also
+scanned every pooled connection on each request (half the CPU at 64 streams).
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from collections.abc import AsyncIterator
 from typing import Any
 
-import httpx
+import aiohttp
 
 from redline.backends.base import Backend, BackendInfo
 from redline.backends.pool import PoolBackend
@@ -24,40 +30,48 @@ from redline.types import Chunk, FinishReason, GenerationRequest, StageTimings, 
 
 _FINISH: dict[str, FinishReason] = {"stop": "stop", "length": "length", "eos": "stop",
                                     "abort": "cancelled", "error": "error"}
+_TRANSPORT_ERRORS = (aiohttp.ClientError, asyncio.TimeoutError, OSError)
 
 
 class OpenAICompatBackend:
     def __init__(self, name: str, url: str, *, upstream_model: str | None = None,
                  api_key: str | None = None, context_length: int = 4096, size_rank: int = 1,
                  connect_timeout_s: float = 2.0, ttft_timeout_s: float = 30.0,
-                 read_timeout_s: float = 60.0, client: httpx.AsyncClient | None = None) -> None:
+                 read_timeout_s: float = 60.0) -> None:
         self.info = BackendInfo(name, "openai", context_length, size_rank)
         self.base = url.rstrip("/")
         if not self.base.endswith("/v1"):
             self.base += "/v1"
         self.upstream_model = upstream_model or name
-        # parsed once: httpx parses a URL string on every request otherwise
-        self._urls = {"chat": httpx.URL(f"{self.base}/chat/completions"),
-                      "text": httpx.URL(f"{self.base}/completions")}
-        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        # httpx has one read timeout; the first token may take longer than later ones
-        timeout = httpx.Timeout(connect=connect_timeout_s, read=max(ttft_timeout_s, read_timeout_s),
-                                write=connect_timeout_s, pool=connect_timeout_s)
-        self._new_client = lambda: httpx.AsyncClient(headers=headers, timeout=timeout,
-                                                     limits=_SHARD_LIMITS)
-        self._shards = _Shards([client] if client else [], self._new_client)
+        self._urls = {"chat": f"{self.base}/chat/completions", "text": f"{self.base}/completions"}
+        self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        # one read timeout between chunks; the first token may take longer than later ones
+        self._timeout = aiohttp.ClientTimeout(total=None, connect=connect_timeout_s,
+                                              sock_read=max(ttft_timeout_s, read_timeout_s))
+        self._session: aiohttp.ClientSession | None = None  # made in the serving loop
         self.inflight = 0
 
     async def start(self) -> None:
         return None  # a remote engine is up or not; the breaker learns which
 
     async def close(self) -> None:
-        await self._shards.close()
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
 
     def load(self) -> int:
         return self.inflight
 
-    def _payload(self, request: GenerationRequest) -> tuple[httpx.URL, dict[str, Any]]:
+    def _client(self) -> aiohttp.ClientSession:
+        if self._session is None or self._session.closed:
+            # no connection limit here: admission control and tiers bound the load
+            self._session = aiohttp.ClientSession(
+                headers=self._headers, timeout=self._timeout,
+                connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=30.0),
+                json_serialize=json.dumps, auto_decompress=False)
+        return self._session
+
+    def _payload(self, request: GenerationRequest) -> tuple[str, dict[str, Any]]:
         s = request.sampling
         body: dict[str, Any] = {"model": self.upstream_model, "stream": True,
                                 "stream_options": {"include_usage": True},
@@ -81,28 +95,29 @@ class OpenAICompatBackend:
         url, body = self._payload(request)
         t0 = time.perf_counter()
         self.inflight += 1
-        shard = self._shards.pick()
-        shard.inflight += 1
-        response: httpx.Response | None = None
+        response: aiohttp.ClientResponse | None = None
+        complete = False
         try:
             try:
-                response = await shard.client.send(
-                    shard.client.build_request("POST", url, json=body), stream=True)
-            except httpx.HTTPError as exc:
+                response = await self._client().post(url, json=body)
+            except _TRANSPORT_ERRORS as exc:
                 raise BackendError(f"{self.info.name}: upstream unreachable "
                                    f"({type(exc).__name__})") from exc
-            if response.status_code >= 400:
-                await response.aread()
-                raise _upstream_error(self.info.name, response)
+            if response.status >= 400:
+                raise await _upstream_error(self.info.name, response)
             async for chunk in self._chunks(response, request, t0):
+                if chunk.finish_reason is not None and chunk.finish_reason != "error":
+                    complete = True
                 yield chunk
         finally:
             self.inflight -= 1
-            shard.inflight -= 1
             if response is not None:
-                await response.aclose()  # upstream sees the disconnect and stops
+                if complete and response.content.at_eof():
+                    response.release()  # the connection goes back to the pool
+                else:
+                    response.close()  # upstream sees the disconnect and stops
 
-    async def _chunks(self, response: httpx.Response, request: GenerationRequest,
+    async def _chunks(self, response: aiohttp.ClientResponse, request: GenerationRequest,
                       t0: float) -> AsyncIterator[Chunk]:
         ttft: float | None = None
         tokens = 0
@@ -110,36 +125,43 @@ class OpenAICompatBackend:
         tail = ""  # text that came with the finish reason; sent with the last chunk
         usage: Usage | None = None
         done = False
+        pending = b""
         try:
-            async for line in response.aiter_lines():
-                # after [DONE], read on to the end of the body (there is nothing more but
-                # its terminator) so that the connection goes back to the pool instead of
-                # being closed: a new TCP connection per request costs more than the rest
-                if done or not line.startswith("data:"):
+            # whatever the socket gave, split into lines here: one wake-up per read, not
+            # one per line; after [DONE], read on to the end of the body (its terminator)
+            # so that the connection can go back to the pool
+            async for data in response.content.iter_any():
+                if done:
                     continue
-                data = line[5:].strip()
-                if data == "[DONE]":
-                    done = True
-                    continue
-                event = json.loads(data)
-                if "error" in event and not event.get("choices"):
-                    raise BackendError(f"{self.info.name}: {_message(event)}")
-                if event.get("usage"):
-                    u = event["usage"]
-                    usage = Usage(int(u.get("prompt_tokens") or 0), int(u.get("completion_tokens") or 0))
-                for choice in event.get("choices") or ():
-                    text = _text(choice)
-                    reason = choice.get("finish_reason")
-                    if text:
-                        tokens += 1
-                        if ttft is None:
-                            ttft = time.perf_counter() - t0
-                    if reason:
-                        finish = _FINISH.get(reason, "stop")
-                        tail += text
-                    elif text:
-                        yield Chunk(text=text, tokens=1)
-        except (httpx.HTTPError, json.JSONDecodeError) as exc:
+                lines = (pending + data).split(b"\n")
+                pending = lines.pop()
+                for line in lines:
+                    if not line.startswith(b"data:"):
+                        continue
+                    payload = line[5:].strip()
+                    if payload == b"[DONE]":
+                        done = True
+                        break
+                    event = json.loads(payload)
+                    if "error" in event and not event.get("choices"):
+                        raise BackendError(f"{self.info.name}: {_message(event)}")
+                    if event.get("usage"):
+                        u = event["usage"]
+                        usage = Usage(int(u.get("prompt_tokens") or 0),
+                                      int(u.get("completion_tokens") or 0))
+                    for choice in event.get("choices") or ():
+                        text = _text(choice)
+                        reason = choice.get("finish_reason")
+                        if text:
+                            tokens += 1
+                            if ttft is None:
+                                ttft = time.perf_counter() - t0
+                        if reason:
+                            finish = _FINISH.get(reason, "stop")
+                            tail += text
+                        elif text:
+                            yield Chunk(text=text, tokens=1)
+        except (*_TRANSPORT_ERRORS, ValueError) as exc:  # ValueError: JSON, or a bad chunk
             if tokens == 0:
                 raise BackendError(f"{self.info.name}: upstream stream broke "
                                    f"({type(exc).__name__})") from exc
@@ -152,43 +174,6 @@ class OpenAICompatBackend:
             usage = Usage(0, tokens)
         yield Chunk(text=tail, tokens=1 if tail else 0, finish_reason=finish or "stop",
                     usage=usage, timings=timings)
-
-
-# httpcore's pool looks at every pooled connection on each request and each release
-# (is it expired? is the socket readable? a getpeername() each): at 64 streams that
-# was half the gateway's CPU. Several small pools keep each scan short.
-_SHARD_LIMITS = httpx.Limits(max_connections=256, max_keepalive_connections=16)
-_PER_SHARD = 4  # requests in flight on a shard before another pool is opened
-_MAX_SHARDS = 64
-
-
-class _Shard:
-    __slots__ = ("client", "inflight")
-
-    def __init__(self, client: httpx.AsyncClient) -> None:
-        self.client = client
-        self.inflight = 0
-
-
-class _Shards:
-    """Connection pools to one upstream; a request takes the least busy one."""
-
-    def __init__(self, clients: list[httpx.AsyncClient], new: Any) -> None:
-        self.shards = [_Shard(c) for c in clients]
-        self.fixed = bool(clients)  # a client given from outside: use it alone
-        self.new = new
-
-    def pick(self) -> _Shard:
-        best = min(self.shards, key=lambda s: s.inflight) if self.shards else None
-        if best is None or (not self.fixed and best.inflight >= _PER_SHARD
-                            and len(self.shards) < _MAX_SHARDS):
-            best = _Shard(self.new())
-            self.shards.append(best)
-        return best
-
-    async def close(self) -> None:
-        for shard in self.shards:
-            await shard.client.aclose()
 
 
 def _text(choice: dict[str, Any]) -> str:
@@ -210,13 +195,17 @@ def _message(payload: Any) -> str:
     return str(payload)[:200]
 
 
-def _upstream_error(name: str, response: httpx.Response) -> Exception:
+async def _upstream_error(name: str, response: aiohttp.ClientResponse) -> Exception:
     try:
-        payload: Any = response.json()
+        raw = await response.read()
+    except _TRANSPORT_ERRORS:
+        raw = b""
+    try:
+        payload: Any = json.loads(raw)
     except ValueError:
-        payload = response.text[:200]
+        payload = raw[:200].decode("utf-8", "replace")
     msg = _message(payload)
-    status = response.status_code
+    status = response.status
     if status == 400:
         code = payload.get("error", {}).get("code") if isinstance(payload, dict) and isinstance(
             payload.get("error"), dict) else None

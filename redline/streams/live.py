@@ -18,20 +18,31 @@ class LiveStream:
         self.aborted = False  # ended early: nobody came back within the grace period
         self.readers = 0
         self.left_at: float | None = None  # when the last reader went away
-        self.cond = asyncio.Condition()
+        self._waiters: list[asyncio.Future[None]] = []  # readers waiting for more
         self.producer: asyncio.Task[None] | None = None
         self.grace: asyncio.Task[None] | None = None
 
+    # one event loop, no await between a check and a wait: plain futures, no lock
+    # (an asyncio.Condition costs a lock round trip per event and per reader)
+    def _wake(self) -> None:
+        waiters, self._waiters = self._waiters, []
+        for w in waiters:
+            if not w.done():
+                w.set_result(None)
+
     async def push(self, event: bytes) -> None:
-        async with self.cond:
-            self.events.append(event)
-            self.cond.notify_all()
+        self.events.append(event)
+        self._wake()
 
     async def end(self, aborted: bool = False) -> None:
-        async with self.cond:
-            self.done = True
-            self.aborted = aborted
-            self.cond.notify_all()
+        self.done = True
+        self.aborted = aborted
+        self._wake()
+
+    async def _more(self) -> None:
+        waiter = asyncio.get_running_loop().create_future()
+        self._waiters.append(waiter)
+        await waiter
 
     async def read(self, after: int) -> AsyncIterator[bytes]:
         """Events with seq > `after`, as they come, until the stream is done."""
@@ -43,11 +54,10 @@ class LiveStream:
         """The same, as lists of whatever has come since the last one."""
         i = after
         while True:
-            async with self.cond:
-                while i >= len(self.events) and not self.done:
-                    await self.cond.wait()
-                batch = self.events[i:]
-                done = self.done
+            while i >= len(self.events) and not self.done:
+                await self._more()
+            batch = self.events[i:]
+            done = self.done
             if batch:
                 i += len(batch)
                 yield batch

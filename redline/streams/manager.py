@@ -108,11 +108,15 @@ class StreamManager:
         journal = self.journal
         if not await journal.open(live.id, StreamMeta(live.tenant, self.owner)):
             return False
-        # one write for whatever came while the last one ran: a token per write at
-        # low rates, many per write under load (one transaction, one round trip)
+        # one write for whatever came while the last one ran and the flush interval
+        # passed (one transaction, one round trip); the journal is behind the live
+        # buffer by at most that interval, which only a resume on another replica sees
+        flush = self.cfg.journal_flush_s
         async for batch in live.batches(0):
             if not await journal.append(live.id, batch):
                 return False
+            if flush > 0 and not live.done:
+                await asyncio.sleep(flush)
         if live.aborted:
             return False
         return await journal.finish(live.id, StreamMeta(live.tenant, self.owner, len(live.events)))
