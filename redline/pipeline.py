@@ -19,7 +19,7 @@ from redline.backends.base import Backend
 from redline.cache import CachedAnswer, Lookup, ResponseCache
 from redline.config import RoutingConfig
 from redline.errors import ModelNotFound, RedlineError
-from redline.routing.router import Router
+from redline.routing.router import Router, WouldMiss
 from redline.telemetry.metrics import Metrics
 from redline.types import Chunk, GenerationRequest, StageTimings, Usage
 
@@ -112,6 +112,9 @@ class Pipeline:
         except RedlineError as exc:
             self.metrics.inflight.dec()
             self.metrics.requests.labels(f"{exc.status}").inc()
+            raise
+        except WouldMiss:  # the caller turns it into a job
+            self.metrics.inflight.dec()
             raise
         except BaseException:
             self.metrics.inflight.dec()

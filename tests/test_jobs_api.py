@@ -52,6 +52,27 @@ def test_background_answers_202_then_the_result(client: TestClient) -> None:
     assert done["result"]["usage"]["completion_tokens"] == 5
 
 
+def test_allow_background_degrades_a_request_that_would_miss_to_a_job(tmp_path: Path) -> None:
+    backend = FakeBackend()
+    with make_client(tmp_path, backend) as c:
+        wait_until(lambda: c.get("/readyz").status_code == 200)
+        r = c.post("/v1/chat/completions", json={**CHAT, "tier": "S", "allow_background": True})
+        assert r.status_code == 200  # no history yet: nothing predicts a miss
+        router = c.app.state.pipeline.router  # type: ignore[attr-defined]
+        for _ in range(10):  # the replica is now seen as 2 s to first token; S allows 1 s
+            router.estimates.of(backend).observe_ttft(2.0, 0, 10)
+        r = c.post("/v1/chat/completions", json={**CHAT, "tier": "S", "stream": True})
+        assert r.status_code == 200 and r.headers["x-redline-tier"] == "S"  # no opt-in: served
+        r = c.post("/v1/chat/completions", json={**CHAT, "tier": "S", "allow_background": True})
+        assert r.status_code == 202, r.text
+        assert r.headers["x-redline-tier"] == "B" and r.headers["x-redline-degraded"] == "background"
+        done = wait_job(c, r.json()["id"])
+        assert done["status"] == "succeeded"
+        assert done["result"]["choices"][0]["message"]["content"] == "lorem ipsum dolor sit amet"
+        metrics = c.get("/metrics").text
+        assert 'redline_degradations_total{action="background",tier="S"} 1.0' in metrics
+
+
 def test_tier_b_header_and_text_completions(client: TestClient) -> None:
     r = client.post("/v1/completions", json={"model": "fake", "prompt": "hi", "max_tokens": 3},
                     headers={"X-Redline-Tier": "B"})

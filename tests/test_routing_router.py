@@ -15,7 +15,7 @@ from redline.backends.openai_compat import OpenAICompatBackend
 from redline.backends.pool import PoolBackend
 from redline.config import RouteRule, RoutingConfig, TierBudget
 from redline.errors import BackendError, ModelNotFound, Overloaded
-from redline.routing.router import Routed, Router
+from redline.routing.router import Routed, Router, WouldMiss
 from redline.telemetry.metrics import Metrics
 from redline.types import GenerationRequest, Message, SamplingParams
 
@@ -106,6 +106,31 @@ async def test_shortens_tier_s_answers_that_cannot_fit(two: dict[str, FakeBacken
     got = await r.open(req("tell me everything", model="small", tier="S", n=500))
     text = await drain(got)
     assert got.degraded and len(text.split()) == 51  # (3 s − 0.5 s) / 0.05 s + 1
+
+
+async def test_allow_background_turns_a_predicted_miss_into_would_miss(
+        two: dict[str, FakeBackend]) -> None:
+    r = await router({"large": two["large"]}, classifier="off")
+    for _ in range(10):
+        r.estimates.of(two["large"]).observe_ttft(2.0, 0, 10)  # S allows 1 s to first token
+    miss = req("explain", model="large", tier="S")
+    miss.allow_background = True
+    with pytest.raises(WouldMiss) as caught:
+        await r.open(miss)
+    assert caught.value.tier == "S" and caught.value.predicted_ttft_s >= 1.0
+    assert r.metrics.value("redline_degradations_total", {"tier": "S", "action": "background"}) == 1
+    assert r.admission.inflight["S"] == 0  # admitted, then released: nothing leaks
+    # without the opt-in the answer still comes, degraded (fastest model) and counted so
+    got = await r.open(req("explain", model="large", tier="S"))
+    assert got.degraded and got.model == "large"
+    await drain(got)
+    assert r.metrics.value("redline_degradations_total", {"tier": "S", "action": "fastest"}) == 1
+    # tier A allows 3 s: 2 s meets it, so the opt-in changes nothing
+    fits = req("explain", model="large", tier="A")
+    fits.allow_background = True
+    got = await r.open(fits)
+    assert not got.degraded
+    await drain(got)
 
 
 async def test_errors_before_first_token_are_retried_then_fall_back() -> None:

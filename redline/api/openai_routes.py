@@ -15,6 +15,7 @@ from redline.api.schemas import ChatCompletionRequest, CompletionRequest
 from redline.api.tenant import tenant_of
 from redline.errors import InvalidRequest
 from redline.pipeline import AUTO, Completion, Pipeline
+from redline.routing.router import WouldMiss
 from redline.streams import Progress, StreamManager
 from redline.types import Chunk, new_id
 
@@ -79,7 +80,12 @@ async def _serve(request: Request, *, gen_kind: str, body: Any, gen: Any) -> Res
     if jobs_routes.wants_job(body, gen, pipeline):  # tier B or "background": 202 + a job
         return await jobs_routes.accept(request, body, gen, gen_kind)
     request_id = request.headers.get("x-request-id") or gen.id
-    completion = await pipeline.complete(gen)
+    try:
+        completion = await pipeline.complete(gen)
+    except WouldMiss:  # allow_background: a job now beats a first token past the budget
+        response = await jobs_routes.accept(request, body, gen, gen_kind)
+        response.headers["X-Redline-Degraded"] = "background"
+        return response
     shape = _ChatShape(gen.id, completion.model) if gen_kind == "chat" else _TextShape(
         gen.id, completion.model)
     if body.stream:

@@ -61,6 +61,8 @@ class _SamplingFields(_Open):
     tier: Literal["S", "A", "B", "auto"] | None = None
     cache: bool | None = None
     background: bool = False
+    allow_background: bool = Field(False, description="when no model can meet the tier's "
+                                   "first-token budget, answer 202 with a job instead")
     notify: Notify | None = None
 
     @field_validator("stop")
@@ -102,6 +104,7 @@ class ChatCompletionRequest(_SamplingFields):
             tenant=tenant,
             use_cache=self.cache is not False and not no_cache,
             user=self.user,
+            allow_background=self.allow_background,
         )
 
 
@@ -123,6 +126,7 @@ class CompletionRequest(_SamplingFields):
             tenant=tenant,
             use_cache=self.cache is not False and not no_cache,
             user=self.user,
+            allow_background=self.allow_background,
         )
 
 

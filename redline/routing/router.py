@@ -38,6 +38,15 @@ log = logging.getLogger(__name__)
 AUTO = "auto"
 
 
+class WouldMiss(Exception):
+    """No model is predicted to give this request its first token within its tier's
+    budget, and the client allows a background job instead (`allow_background`)."""
+
+    def __init__(self, tier: str, predicted_ttft_s: float) -> None:
+        super().__init__(f"tier {tier}: predicted TTFT {predicted_ttft_s:.2f} s is over budget")
+        self.tier, self.predicted_ttft_s = tier, predicted_ttft_s
+
+
 @dataclass
 class Routed:
     model: str
@@ -166,6 +175,14 @@ class Router:
         try:
             self.retries.deposit()
             p = self._plan(tier, candidates, request)
+            if p.degraded and p.predicted is not None:
+                budget = self.cfg.tiers[tier]  # type: ignore[index]
+                late = budget.ttft_s is not None and p.predicted.ttft_s > budget.ttft_s
+                if late and request.allow_background and tier != "B":
+                    self.metrics.degradations.labels(tier, "background").inc()
+                    raise WouldMiss(tier, p.predicted.ttft_s)
+                self.metrics.degradations.labels(
+                    tier, "shorten" if p.max_tokens is not None else "fastest").inc()
             route_s = time.perf_counter() - t0
             req = request
             if p.max_tokens is not None:

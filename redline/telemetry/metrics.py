@@ -78,6 +78,10 @@ class Metrics:
                                      ("result",), registry=r)
         self.slo_violations = Counter("redline_slo_violations_total",
                                       "Requests over their tier's budget", ("tier",), registry=r)
+        self.degradations = Counter("redline_degradations_total",
+                                    "Requests the planner degraded because no model met the "
+                                    "tier's budget (action: fastest, shorten, background)",
+                                    ("tier", "action"), registry=r)
         self.stream_interruptions = Counter("redline_stream_interruptions_total",
                                             "Streams whose client went away", registry=r)
         self.stream_resumes = Counter("redline_stream_resumes_total", "Streams resumed",
@@ -92,8 +96,8 @@ class Metrics:
 
     def _noop(self) -> None:
         for name in ("ttft", "tpot", "e2e", "queue", "stage", "requests", "output_tokens",
-                     "cache_lookups", "slo_violations", "stream_interruptions", "stream_resumes",
-                     "jobs", "backend_up", "inflight"):
+                     "cache_lookups", "slo_violations", "degradations", "stream_interruptions",
+                     "stream_resumes", "jobs", "backend_up", "inflight"):
             setattr(self, name, _NOOP)
 
     def value(self, name: str, labels: dict[str, str] | None = None) -> float:
