@@ -92,9 +92,9 @@ def _default_models() -> list[ModelConfig]:
 class StreamsConfig(_Section):
     resume_grace_s: float = Field(30.0, ge=0, description="generation goes on this long without a client")
     journal_ttl_s: float = Field(600.0, ge=1)
-    journal_flush_s: float = Field(0.025, ge=0, description="the journal is written at most this "
-                                   "often per stream, each write taking what came meanwhile "
-                                   "(readers of this replica never wait for it)")
+    journal_flush_s: float = Field(0.025, gt=0, description="the journal is written this often: "
+                                   "one write (one transaction) takes what every stream produced "
+                                   "meanwhile (readers of this replica never wait for it)")
     follow_stall_s: float = Field(60.0, gt=0, description="a resume through another replica gives up "
                                   "when its journal has no new event for this long")
     progress: bool = Field(True, description="chunks carry redline.progress (tokens, expected, eta)")

@@ -83,6 +83,15 @@ async def test_lists_extend_appends_many_in_order(store: Store) -> None:
     assert await store.range("j", 2) == [b"c", b"d", b"e"]
 
 
+async def test_write_many_extends_then_sets_in_one_write(store: Store) -> None:
+    await store.extend("a", [b"1"], ttl=30)
+    await store.write_many([("a", [b"2", b"3"], 30), ("b", [b"x"], 30)],
+                           [("meta:a", b"3", 30), ("meta:b", b"1", None)])
+    assert await store.range("a") == [b"1", b"2", b"3"] and await store.range("b") == [b"x"]
+    assert await store.get("meta:a") == b"3" and await store.get("meta:b") == b"1"
+    await store.write_many([], [])  # nothing to write is fine
+
+
 async def test_hashes(store: Store) -> None:
     await store.hset("h", "a", b"1")
     await store.hset("h", "b", b"2")

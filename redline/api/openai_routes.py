@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, Response
 
 from redline.api import jobs_routes, sse
 from redline.api.schemas import ChatCompletionRequest, CompletionRequest
@@ -98,8 +98,7 @@ async def _serve(request: Request, *, gen_kind: str, body: Any, gen: Any) -> Res
         progress = streams.progress(gen, completion.model, completion.tier)
         live = streams.start(stream_id, _sse(completion, shape, stream_id, body.include_usage,
                                              progress), tenant=gen.tenant)
-        return StreamingResponse(streams.follow(live), media_type="text/event-stream",
-                                 headers=headers)
+        return sse.EventStream(streams.follow(live), headers=headers)
     text = []
     async for chunk in completion.chunks:
         text.append(chunk.text)

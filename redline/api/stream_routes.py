@@ -7,7 +7,6 @@ after it, follows the live ones, and ends with `data: [DONE]`."""
 from __future__ import annotations
 
 from fastapi import APIRouter, Request
-from fastapi.responses import StreamingResponse
 
 from redline.api import sse
 from redline.api.tenant import tenant_of
@@ -36,11 +35,11 @@ def _after(stream_id: str, last_event_id: str | None, after: str | None) -> int:
 
 
 @router.get("/v1/streams/{stream_id}", response_model=None)
-async def resume_stream(stream_id: str, request: Request) -> StreamingResponse:
+async def resume_stream(stream_id: str, request: Request) -> sse.EventStream:
     streams: StreamManager = request.app.state.streams
     after = _after(stream_id, request.headers.get("last-event-id"),
                    request.query_params.get("after"))
     events = await streams.open(stream_id, after, tenant=tenant_of(request))
     headers = {"X-Redline-Stream-Id": stream_id, "Cache-Control": "no-cache",
                "X-Accel-Buffering": "no"}
-    return StreamingResponse(events, media_type="text/event-stream", headers=headers)
+    return sse.EventStream(events, headers=headers)

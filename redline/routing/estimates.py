@@ -31,10 +31,12 @@ class ReplicaStats:
                  forget: float = 0.98, window: int = 200) -> None:
         self.prior_ttft_s, self.tpot_s = prior_ttft_s, prior_tpot_s
         self.forget = forget
-        # normal equations of the forgetting least squares, features [1, load, prompt/1000]
-        self._a = np.eye(3) * 1e-3
-        self._b = np.zeros(3)
-        self._coef: np.ndarray | None = None
+        # normal equations of the forgetting least squares, features [1, load, prompt/1000];
+        # 3×3 in plain Python: numpy's per-call cost is more than the arithmetic here, and
+        # this runs on every request
+        self._a = [[1e-3 if i == j else 0.0 for j in range(3)] for i in range(3)]
+        self._b = [0.0, 0.0, 0.0]
+        self._coef: tuple[float, float, float] | None = None
         self._ttfts: deque[float] = deque(maxlen=window)
         self.out_tokens = 64.0  # EWMA of answer length, for the expected total time
         self.samples = 0
@@ -42,9 +44,13 @@ class ReplicaStats:
         self.last_seen = 0.0
 
     def observe_ttft(self, ttft_s: float, load_at_start: int, prompt_tokens: int) -> None:
-        x = np.array([1.0, float(load_at_start), prompt_tokens / 1000.0])
-        self._a = self.forget * self._a + np.outer(x, x)
-        self._b = self.forget * self._b + x * ttft_s
+        x = (1.0, float(load_at_start), prompt_tokens / 1000.0)
+        f = self.forget
+        for i in range(3):
+            row = self._a[i]
+            for j in range(3):
+                row[j] = f * row[j] + x[i] * x[j]
+            self._b[i] = f * self._b[i] + x[i] * ttft_s
         self._coef = None
         self._ttfts.append(ttft_s)
         self.samples += 1
@@ -59,11 +65,13 @@ class ReplicaStats:
     def expected_tokens(self, max_tokens: int) -> int:
         return max(1, min(max_tokens, round(self.out_tokens)))
 
-    def coef(self) -> np.ndarray:
+    def coef(self) -> tuple[float, float, float]:
         if self._coef is None:
-            ridge = np.diag([1e-6, 1e-2, 1e-2])  # keeps the slopes sane on few samples
-            c = np.linalg.solve(self._a + ridge, self._b)
-            self._coef = np.maximum(c, 0.0)
+            ridge = (1e-6, 1e-2, 1e-2)  # keeps the slopes sane on few samples
+            m = [[self._a[i][j] + (ridge[i] if i == j else 0.0) for j in range(3)]
+                 for i in range(3)]
+            c = _solve3(m, list(self._b))
+            self._coef = (max(c[0], 0.0), max(c[1], 0.0), max(c[2], 0.0))
         return self._coef
 
     def p90_ttft(self) -> float | None:
@@ -81,6 +89,25 @@ class ReplicaStats:
             ttft = base + queue + per_ktok * prompt_tokens / 1000.0
         total = ttft + max(0, output_tokens - 1) * self.tpot_s
         return Prediction(ttft, total, queue)
+
+
+def _solve3(m: list[list[float]], b: list[float]) -> list[float]:
+    """m x = b for a 3×3 symmetric positive definite m (Gaussian elimination with
+    partial pivoting)."""
+    for col in range(3):
+        piv = max(range(col, 3), key=lambda r: abs(m[r][col]))
+        if piv != col:
+            m[col], m[piv] = m[piv], m[col]
+            b[col], b[piv] = b[piv], b[col]
+        for r in range(col + 1, 3):
+            k = m[r][col] / m[col][col]
+            for j in range(col, 3):
+                m[r][j] -= k * m[col][j]
+            b[r] -= k * b[col]
+    x = [0.0, 0.0, 0.0]
+    for r in (2, 1, 0):
+        x[r] = (b[r] - sum(m[r][j] * x[j] for j in range(r + 1, 3))) / m[r][r]
+    return x
 
 
 class Estimates:

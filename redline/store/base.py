@@ -50,6 +50,12 @@ class Store(Protocol):
         """Items from index `start` (0-based) to the end; [] when the key is absent."""
         ...
 
+    async def write_many(self, extends: list[tuple[str, list[bytes], float | None]],
+                         sets: list[tuple[str, bytes, float | None]]) -> None:
+        """List extends, then value sets, in one write (one transaction, one round trip):
+        the stream journal's group commit of every stream's new events."""
+        ...
+
     # -- hashes (a record with fields: vectors index, job meta) ----------------
     async def hset(self, key: str, field: str, value: bytes, ttl: float | None = None) -> None: ...
 

@@ -72,6 +72,13 @@ class MemoryStore:
         self._data[key] = item  # re-insert: refreshes LRU order and TTL
         return len(item.value)
 
+    async def write_many(self, extends: list[tuple[str, list[bytes], float | None]],
+                         sets: list[tuple[str, bytes, float | None]]) -> None:
+        for key, values, ttl in extends:  # no await in between: one step of the loop
+            await self.extend(key, values, ttl)
+        for key, value, ttl in sets:
+            await self.set(key, value, ttl)
+
     async def range(self, key: str, start: int = 0) -> list[bytes]:
         item = self._get(key, list)
         return [] if item is None else list(item.value[max(start, 0):])

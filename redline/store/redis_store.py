@@ -86,6 +86,18 @@ class RedisStore:
         out = await self._tx(lambda p: p.rpush(key, *values).pexpire(key, _ms(ttl)))
         return int(out[0])
 
+    async def write_many(self, extends: list[tuple[str, list[bytes], float | None]],
+                         sets: list[tuple[str, bytes, float | None]]) -> None:
+        def build(p: Any) -> None:
+            for key, values, ttl in extends:
+                p.rpush(key, *values)
+                if ttl is not None:
+                    p.pexpire(key, _ms(ttl))
+            for key, value, ttl in sets:
+                p.set(key, value, px=None if ttl is None else _ms(ttl))
+        if extends or sets:
+            await self._tx(build)
+
     async def range(self, key: str, start: int = 0) -> list[bytes]:
         return list(await self._call(self._r.lrange(key, max(start, 0), -1)))  # type: ignore[arg-type]
 

@@ -128,11 +128,13 @@ class SQLiteStore:
         return await self._run(op)
 
     async def set(self, key: str, value: bytes, ttl: float | None = None) -> None:
-        def op(db: sqlite3.Connection) -> None:
-            self._live(db, key, "value", purge=True)
-            db.execute("INSERT OR REPLACE INTO keys (key, kind, value, n, expires) "
-                       "VALUES (?, 'value', ?, 0, ?)", (key, bytes(value), _expires(ttl)))
-        await self._write(op)
+        await self._write(lambda db: self._set(db, key, value, ttl))
+
+    @classmethod
+    def _set(cls, db: sqlite3.Connection, key: str, value: bytes, ttl: float | None) -> None:
+        cls._live(db, key, "value", purge=True)
+        db.execute("INSERT OR REPLACE INTO keys (key, kind, value, n, expires) "
+                   "VALUES (?, 'value', ?, 0, ?)", (key, bytes(value), _expires(ttl)))
 
     async def delete(self, key: str) -> None:
         await self._write(lambda db: self._drop(db, key))
@@ -154,24 +156,36 @@ class SQLiteStore:
         return await self.extend(key, [value], ttl)
 
     async def extend(self, key: str, values: list[bytes], ttl: float | None = None) -> int:
-        def op(db: sqlite3.Connection) -> int:
-            live = self._live(db, key, "list", purge=True)
-            if live is None:
-                db.execute("INSERT INTO keys (key, kind, n, expires) VALUES (?, 'list', 0, ?)",
-                           (key, _expires(ttl)))
-                n = 0
-            else:
-                n = live[1]
-            db.executemany("INSERT INTO items (key, idx, value) VALUES (?, ?, ?)",
-                           [(key, n + i, bytes(v)) for i, v in enumerate(values)])
-            n += len(values)
-            if ttl is None:
-                db.execute("UPDATE keys SET n = ? WHERE key = ?", (n, key))
-            else:
-                db.execute("UPDATE keys SET n = ?, expires = ? WHERE key = ?",
-                           (n, _expires(ttl), key))
-            return n
-        return await self._write(op)
+        return await self._write(lambda db: self._extend(db, key, values, ttl))
+
+    @classmethod
+    def _extend(cls, db: sqlite3.Connection, key: str, values: list[bytes],
+                ttl: float | None) -> int:
+        live = cls._live(db, key, "list", purge=True)
+        if live is None:
+            db.execute("INSERT INTO keys (key, kind, n, expires) VALUES (?, 'list', 0, ?)",
+                       (key, _expires(ttl)))
+            n = 0
+        else:
+            n = live[1]
+        db.executemany("INSERT INTO items (key, idx, value) VALUES (?, ?, ?)",
+                       [(key, n + i, bytes(v)) for i, v in enumerate(values)])
+        n += len(values)
+        if ttl is None:
+            db.execute("UPDATE keys SET n = ? WHERE key = ?", (n, key))
+        else:
+            db.execute("UPDATE keys SET n = ?, expires = ? WHERE key = ?",
+                       (n, _expires(ttl), key))
+        return n
+
+    async def write_many(self, extends: list[tuple[str, list[bytes], float | None]],
+                         sets: list[tuple[str, bytes, float | None]]) -> None:
+        def op(db: sqlite3.Connection) -> None:
+            for key, values, ttl in extends:
+                self._extend(db, key, values, ttl)
+            for key, value, ttl in sets:
+                self._set(db, key, value, ttl)
+        await self._write(op)
 
     async def range(self, key: str, start: int = 0) -> list[bytes]:
         def op(db: sqlite3.Connection) -> list[bytes]:

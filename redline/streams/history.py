@@ -100,7 +100,9 @@ class LengthHistory:
     """An `Observer` of the pipeline: it learns from every finished completion."""
 
     def __init__(self) -> None:
-        self._lengths: dict[tuple[object, ...], deque[int]] = {}
+        # per rung: the last WINDOW lengths in arrival order, and the same kept sorted
+        # (predict runs on every request: no sort there, a copy and a bisect)
+        self._lengths: dict[tuple[object, ...], tuple[deque[int], list[int]]] = {}
         self._tpot: dict[str, float] = {}
 
     def predict(self, request: GenerationRequest, model: str, tier: str) -> Prediction:
@@ -108,8 +110,10 @@ class LengthHistory:
         rungs = []
         for key in _keys(model, tier, request):
             seen = self._lengths.get(key)
-            if seen is not None and len(seen) >= MIN_SAMPLES:
-                rungs.append(tuple(sorted(min(n, max_tokens) for n in seen)))
+            if seen is not None and len(seen[1]) >= MIN_SAMPLES:
+                ordered = seen[1]
+                cut = bisect.bisect_right(ordered, max_tokens)  # longer ones clip to max_tokens
+                rungs.append(tuple(ordered[:cut]) + (max_tokens,) * (len(ordered) - cut))
         if not rungs:
             return Prediction(max_tokens, (), self._tpot.get(model))
         return Prediction(max_tokens, rungs[0], self._tpot.get(model), tuple(rungs[1:]))
@@ -117,8 +121,12 @@ class LengthHistory:
     def record(self, request: GenerationRequest, model: str, tier: str, output_tokens: int,
                tpot_s: float | None = None) -> None:
         for key in _keys(model, tier, request):
-            seen = self._lengths.pop(key, None) or deque(maxlen=WINDOW)
-            seen.append(output_tokens)
+            seen = self._lengths.pop(key, None) or (deque(), [])
+            arrived, ordered = seen
+            if len(arrived) >= WINDOW:
+                del ordered[bisect.bisect_left(ordered, arrived.popleft())]
+            arrived.append(output_tokens)
+            bisect.insort(ordered, output_tokens)
             self._lengths[key] = seen  # re-inserted: dict order is least recently used first
         while len(self._lengths) > MAX_KEYS:
             del self._lengths[next(iter(self._lengths))]

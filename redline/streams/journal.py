@@ -73,6 +73,13 @@ class Journal:
         # also refreshes the meta TTL, so that it lives as long as the events it announces
         return await self._safe(self.store.set(self._meta(stream_id), meta.encode(), self.ttl_s))
 
+    async def commit(self, appends: list[tuple[str, list[bytes]]],
+                     metas: list[tuple[str, StreamMeta]]) -> bool:
+        """Several streams' new events, then their metas, in one write."""
+        return await self._safe(self.store.write_many(
+            [(self._events(sid), events, self.ttl_s) for sid, events in appends],
+            [(self._meta(sid), meta.encode(), self.ttl_s) for sid, meta in metas]))
+
     async def drop(self, stream_id: str) -> None:
         """An aborted stream cannot be resumed: forget it (resumes get 404)."""
         await self._safe(self.store.delete(self._meta(stream_id)))

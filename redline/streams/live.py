@@ -21,6 +21,11 @@ class LiveStream:
         self._waiters: list[asyncio.Future[None]] = []  # readers waiting for more
         self.producer: asyncio.Task[None] | None = None
         self.grace: asyncio.Task[None] | None = None
+        # the journal's side (streams/manager.py writes it): events written so far, the
+        # meta written, and True/False once the whole stream is journalled or failed
+        self.journaled = 0
+        self.journal_opened = False
+        self.journal_done: asyncio.Future[bool] | None = None
 
     # one event loop, no await between a check and a wait: plain futures, no lock
     # (an asyncio.Condition costs a lock round trip per event and per reader)
