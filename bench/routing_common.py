@@ -20,6 +20,9 @@ import aiohttp
 import httpx
 import yaml
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from redline.backends.sse import data_payloads  # noqa: E402
+
 ROOT = Path(__file__).resolve().parent.parent
 MACHINE = "2-core x86_64 VM, 24 GiB, no GPU"
 
@@ -112,16 +115,10 @@ async def stream_once(client: aiohttp.ClientSession, url: str, body: dict[str, A
             if r.status != 200:
                 await r.read()
                 return Result(False, r.status, tier=tier)
-            pending = b""
-            async for data in r.content.iter_any():
+            async for payloads in data_payloads(r.content.iter_any()):
                 if ttft is not None:
                     continue
-                lines = (pending + data).split(b"\n")
-                pending = lines.pop()
-                for line in lines:
-                    if not line.startswith(b"data:"):
-                        continue
-                    payload = line[5:].strip()
+                for payload in payloads:
                     if payload == b"[DONE]":
                         break
                     choices = json.loads(payload).get("choices") or []

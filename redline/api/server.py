@@ -70,19 +70,38 @@ async def _overloaded(scope: Any, receive: Any, send: Any) -> None:
     await send({"type": "http.response.body", "body": body})
 
 
-class GuardedH11(H11Protocol):
-    """uvicorn's h11 protocol plus a header deadline and a connection cap."""
+class _HeaderDeadline:
+    """The header deadline and connection cap, for either of uvicorn's HTTP protocols:
+    headers must be complete `header_timeout_s` after the connection opens or the last
+    response ends, else the connection is closed; past `max_connections`, a new
+    connection's request is answered 503."""
 
     header_timeout_s = 10.0
     max_connections = 1024
 
     _header_timer: asyncio.TimerHandle | None = None
+    connections: set[Any]
+    loop: asyncio.AbstractEventLoop
+    transport: asyncio.Transport
+    app: Any
 
-    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-        super().connection_made(transport)
+    def _awaiting_headers(self) -> bool:
+        raise NotImplementedError
+
+    def connection_made(self, transport: asyncio.Transport) -> None:
+        super().connection_made(transport)  # type: ignore[misc]
         if len(self.connections) > self.max_connections:
             self.app = _overloaded  # this connection's request gets a 503, then it closes
         self._arm()
+
+    def on_response_complete(self) -> None:
+        if not self.transport.is_closing():
+            self._arm()  # the next request on this connection gets its own deadline
+        super().on_response_complete()  # type: ignore[misc]
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm()
+        super().connection_lost(exc)  # type: ignore[misc]
 
     def _arm(self) -> None:
         self._disarm()
@@ -95,69 +114,40 @@ class GuardedH11(H11Protocol):
 
     def _headers_late(self) -> None:
         self._header_timer = None
-        # IDLE: no complete request line + headers yet (h11 buffers partial ones)
-        if self.conn.their_state is h11.IDLE and not self.transport.is_closing():
+        if self._awaiting_headers() and not self.transport.is_closing():
             self.transport.close()
+
+
+class GuardedH11(_HeaderDeadline, H11Protocol):
+    """uvicorn's h11 protocol plus a header deadline and a connection cap."""
+
+    def _awaiting_headers(self) -> bool:
+        # IDLE: no complete request line + headers yet (h11 buffers partial ones)
+        return self.conn.their_state is h11.IDLE  # type: ignore[no-any-return]
 
     def handle_events(self) -> None:
         super().handle_events()
         if self.conn.their_state is not h11.IDLE:
             self._disarm()
 
-    def on_response_complete(self) -> None:
-        if not self.transport.is_closing():
-            self._arm()  # the next request on this connection gets its own deadline
-        super().on_response_complete()
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self._disarm()
-        super().connection_lost(exc)
-
 
 if HttpToolsProtocol is not None:
-    class GuardedHttpTools(HttpToolsProtocol):  # type: ignore[misc,valid-type]
+    class GuardedHttpTools(_HeaderDeadline, HttpToolsProtocol):  # type: ignore[misc,valid-type]
         """uvicorn's httptools protocol with the same header deadline and connection cap."""
 
-        header_timeout_s = 10.0
-        max_connections = 1024
-
-        _header_timer: asyncio.TimerHandle | None = None
         _in_headers = True  # the next request's headers are not complete yet
 
-        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-            super().connection_made(transport)
-            if len(self.connections) > self.max_connections:
-                self.app = _overloaded  # this connection's request gets a 503, then it closes
-            self._arm()
-
         def _arm(self) -> None:
-            self._disarm()
             self._in_headers = True
-            self._header_timer = self.loop.call_later(self.header_timeout_s, self._headers_late)
+            super()._arm()
 
-        def _disarm(self) -> None:
-            if self._header_timer is not None:
-                self._header_timer.cancel()
-                self._header_timer = None
-
-        def _headers_late(self) -> None:
-            self._header_timer = None
-            if self._in_headers and not self.transport.is_closing():
-                self.transport.close()
+        def _awaiting_headers(self) -> bool:
+            return self._in_headers
 
         def on_headers_complete(self) -> None:
             self._in_headers = False
             self._disarm()
             super().on_headers_complete()
-
-        def on_response_complete(self) -> None:
-            if not self.transport.is_closing():
-                self._arm()  # the next request on this connection gets its own deadline
-            super().on_response_complete()
-
-        def connection_lost(self, exc: Exception | None) -> None:
-            self._disarm()
-            super().connection_lost(exc)
 
 
 def protocol(limits: LimitsConfig) -> type[asyncio.Protocol]:

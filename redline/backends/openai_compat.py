@@ -24,6 +24,7 @@ import aiohttp
 
 from redline.backends.base import Backend, BackendInfo
 from redline.backends.pool import PoolBackend
+from redline.backends.sse import data_payloads
 from redline.config import ModelConfig
 from redline.errors import BackendError, ContextLengthExceeded, InvalidRequest
 from redline.types import Chunk, FinishReason, GenerationRequest, StageTimings, Usage
@@ -125,20 +126,12 @@ class OpenAICompatBackend:
         tail = ""  # text that came with the finish reason; sent with the last chunk
         usage: Usage | None = None
         done = False
-        pending = b""
         try:
-            # whatever the socket gave, split into lines here: one wake-up per read, not
-            # one per line; after [DONE], read on to the end of the body (its terminator)
-            # so that the connection can go back to the pool
-            async for data in response.content.iter_any():
+            # after [DONE], read on to the end of the body so the connection is reused
+            async for payloads in data_payloads(response.content.iter_any()):
                 if done:
                     continue
-                lines = (pending + data).split(b"\n")
-                pending = lines.pop()
-                for line in lines:
-                    if not line.startswith(b"data:"):
-                        continue
-                    payload = line[5:].strip()
+                for payload in payloads:
                     if payload == b"[DONE]":
                         done = True
                         break

@@ -20,6 +20,8 @@ from typing import Any
 
 import aiohttp
 
+from redline.backends.sse import data_payloads
+
 
 @dataclass(frozen=True)
 class Target:
@@ -75,18 +77,12 @@ async def one_request(client: aiohttp.ClientSession, target: Target, body: Body)
                 body_text = (await resp.read()).decode("utf-8", "replace")
                 sample.error = f"HTTP {resp.status}: {body_text[:200]}"
                 return sample
-            pending = b""
             done = False
-            async for data in resp.content.iter_any():
+            async for payloads in data_payloads(resp.content.iter_any()):
                 if done:
                     continue  # read to the end: the connection goes back to the pool
                 now = time.perf_counter()  # what came in one read arrived together
-                lines = (pending + data).split(b"\n")
-                pending = lines.pop()
-                for line in lines:
-                    if not line.startswith(b"data: "):
-                        continue
-                    raw = line[6:].strip()
+                for raw in payloads:
                     if raw == b"[DONE]":
                         done = True
                         break
