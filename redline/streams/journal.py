@@ -63,19 +63,11 @@ class Journal:
     def _reader(stream_id: str) -> str:
         return f"stream:{stream_id}:reader"
 
-    async def open(self, stream_id: str, meta: StreamMeta) -> bool:
-        return await self._safe(self.store.set(self._meta(stream_id), meta.encode(), self.ttl_s))
-
-    async def append(self, stream_id: str, events: list[bytes]) -> bool:
-        return await self._safe(self.store.extend(self._events(stream_id), events, self.ttl_s))
-
-    async def finish(self, stream_id: str, meta: StreamMeta) -> bool:
-        # also refreshes the meta TTL, so that it lives as long as the events it announces
-        return await self._safe(self.store.set(self._meta(stream_id), meta.encode(), self.ttl_s))
-
     async def commit(self, appends: list[tuple[str, list[bytes]]],
                      metas: list[tuple[str, StreamMeta]]) -> bool:
-        """Several streams' new events, then their metas, in one write."""
+        """Several streams' new events, then their metas, in one write. A meta is set
+        when a stream opens and again when it finishes (with its event count), each time
+        with the journal TTL, so that it lives as long as the events it announces."""
         return await self._safe(self.store.write_many(
             [(self._events(sid), events, self.ttl_s) for sid, events in appends],
             [(self._meta(sid), meta.encode(), self.ttl_s) for sid, meta in metas]))
