@@ -22,6 +22,7 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from redline.backends.sse import data_payloads  # noqa: E402
+from redline.bench.loadgen import no_gc_pauses  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 MACHINE = "2-core x86_64 VM, 24 GiB, no GPU"
@@ -52,10 +53,14 @@ class Procs:
         self.procs: list[subprocess.Popen[bytes]] = []
         self.tmp = Path(tempfile.mkdtemp(prefix="redline-bench-"))
 
-    def start(self, args: list[str], url: str, path: str = "/readyz") -> str:
+    def start(self, args: list[str], url: str, path: str = "/readyz",
+              cpus: set[int] | None = None) -> str:
+        """Start a server and wait for it; `cpus` pins it (threads and children too)."""
         log = open(self.tmp / f"p{len(self.procs)}.log", "wb")
         env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-        self.procs.append(subprocess.Popen(args, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT))
+        pin = None if cpus is None else (lambda: os.sched_setaffinity(0, cpus))
+        self.procs.append(subprocess.Popen(args, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                           preexec_fn=pin))
         wait_up(url, path)
         return url
 
@@ -66,14 +71,15 @@ class Procs:
             args += [f"--{k.replace('_', '-')}", str(v)]
         return self.start(args, f"http://127.0.0.1:{port}")
 
-    def gateway(self, models: list[dict[str, Any]], **sections: Any) -> str:
+    def gateway(self, models: list[dict[str, Any]], cpus: set[int] | None = None,
+                **sections: Any) -> str:
         port = free_port()
         cfg = {"server": {"port": port, "data_dir": str(self.tmp / f"data{port}"), "log_level": "warning"},
                "models": models, "cache": {"enabled": False}, **sections}
         path = self.tmp / f"gw{port}.yaml"
         path.write_text(yaml.safe_dump(cfg))
         return self.start([sys.executable, "-m", "redline.cli", "serve", "--config", str(path)],
-                          f"http://127.0.0.1:{port}")
+                          f"http://127.0.0.1:{port}", cpus=cpus)
 
     def stop(self) -> None:
         for p in self.procs:
@@ -159,5 +165,6 @@ async def closed_loop(url: str, bodies: list[dict[str, Any]], concurrency: int,
             while queue:
                 i, b = queue.pop()
                 out[i] = await stream_once(client, url, b, headers)
-        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        with no_gc_pauses():
+            await asyncio.gather(*(worker() for _ in range(concurrency)))
     return [r for r in out if r is not None]

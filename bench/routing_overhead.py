@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import secrets
 import sys
 from pathlib import Path
@@ -22,7 +23,7 @@ from routing_common import Procs, closed_loop, free_port, summary  # noqa: E402
 KEY = "sk-bench-" + secrets.token_hex(16)
 
 
-def litellm(procs: Procs, upstream: str, venv: Path) -> str:
+def litellm(procs: Procs, upstream: str, venv: Path, cpus: set[int] | None = None) -> str:
     port = free_port()
     cfg = {"model_list": [{"model_name": "m", "litellm_params": {
         "model": "openai/m", "api_base": f"{upstream}/v1", "api_key": "none"}}],
@@ -31,19 +32,23 @@ def litellm(procs: Procs, upstream: str, venv: Path) -> str:
     path = procs.tmp / "litellm.yaml"
     path.write_text(yaml.safe_dump(cfg))
     return procs.start([str(venv / "bin" / "litellm"), "--config", str(path), "--port", str(port),
-                        "--num_workers", "1"], f"http://127.0.0.1:{port}", "/health/liveliness")
+                        "--num_workers", "1"], f"http://127.0.0.1:{port}", "/health/liveliness", cpus)
 
 
 async def run(n: int, concurrency: int, venv: Path | None, tpot: float = 0.001,
-              tokens: int = 16) -> dict[str, object]:
+              tokens: int = 16, pin: bool = False, jitter: float = 0.0) -> dict[str, object]:
+    gateway_cpus = None
+    if pin:  # the load generator and the upstream on CPU 0 (children inherit it)
+        os.sched_setaffinity(0, {0})
+        gateway_cpus = {1}
     procs = Procs()
     try:
-        up = procs.upstream(ttft=0.0, tpot=tpot)
+        up = procs.upstream(ttft=0.0, tpot=tpot, tpot_jitter=jitter)
         targets = {"direct": up,
                    "redline": procs.gateway([{"name": "m", "backend": "openai", "url": up}],
-                                            routing={"classifier": "off"})}
+                                            cpus=gateway_cpus, routing={"classifier": "off"})}
         if venv is not None and (venv / "bin" / "litellm").exists():
-            targets["litellm"] = litellm(procs, up, venv)
+            targets["litellm"] = litellm(procs, up, venv, gateway_cpus)
         body = {"model": "m", "max_tokens": tokens, "messages": [{"role": "user", "content": "hi"}]}
         out: dict[str, object] = {}
         for name, url in targets.items():
@@ -70,9 +75,15 @@ def main() -> None:
     p.add_argument("--litellm-venv", default="/tmp/litellm-venv")
     p.add_argument("--tpot", type=float, default=0.001, help="upstream seconds per token")
     p.add_argument("--tokens", type=int, default=16, help="max_tokens of each request")
+    p.add_argument("--tpot-jitter", type=float, default=0.0,
+                   help="upstream gaps are tpot ± this: without it, identical requests in a "
+                        "closed loop stay in lockstep and all 64 restart in the same millisecond")
+    p.add_argument("--pin", action="store_true",
+                   help="each gateway on CPU 1, the load generator and the upstream on CPU 0: "
+                        "the gateway as if on its own core, as in production (Linux)")
     a = p.parse_args()
     venv = Path(a.litellm_venv) if a.litellm_venv else None
-    print(json.dumps(asyncio.run(run(a.n, a.concurrency, venv, a.tpot, a.tokens)), indent=2))
+    print(json.dumps(asyncio.run(run(a.n, a.concurrency, venv, a.tpot, a.tokens, a.pin, a.tpot_jitter)), indent=2))
 
 
 if __name__ == "__main__":

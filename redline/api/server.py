@@ -31,6 +31,7 @@ try:  # llhttp in C: a fraction of h11's cost per request and per streamed chunk
 except ImportError:  # httptools is not installed
     HttpToolsProtocol = None
 
+from redline.api.sse import expose_raw_send
 from redline.config import LimitsConfig
 from redline.errors import Overloaded
 
@@ -201,7 +202,7 @@ def _loop() -> str:
 def build(app: Any, host: str, port: int, limits: LimitsConfig, log_level: str = "info") -> DrainingServer:
     """A server for `app` (made by `create_app`, which installs `app.state.inflight`)."""
     config = uvicorn.Config(
-        app, host=host, port=port, log_level=log_level, access_log=False,
+        expose_raw_send(app), host=host, port=port, log_level=log_level, access_log=False,
         http=protocol(limits), lifespan="on", loop=_loop(),
         timeout_keep_alive=int(max(1, limits.keep_alive_s)),
         # the drain already waited for running requests; what is left after it is cut

@@ -8,9 +8,25 @@ from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 from starlette.responses import Response
-from starlette.types import Receive, Scope, Send
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 DONE = "[DONE]"
+# the server's own `send`, in the scope (see `expose_raw_send`)
+RAW_SEND = "redline.raw_send"
+
+
+def expose_raw_send(app: ASGIApp) -> ASGIApp:
+    """Put the server's `send` in each HTTP scope, for EventStream's body chunks. Every
+    middleware in between wraps `send` only to see the response start (or to drop
+    messages after a 413, which comes before any response); each wrapper is a coroutine
+    call per relayed token."""
+
+    async def with_raw_send(scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            scope[RAW_SEND] = send
+        await app(scope, receive, send)
+
+    return with_raw_send
 
 
 def event(stream_id: str, seq: int, data: dict[str, Any] | str) -> bytes:
@@ -63,8 +79,9 @@ class EventStream(Response):
         try:
             await send({"type": "http.response.start", "status": self.status_code,
                         "headers": self.raw_headers})
+            body = scope.get(RAW_SEND, send)  # past the middlewares once the response started
             async for chunk in self.body_iterator:
-                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                await body({"type": "http.response.body", "body": chunk, "more_body": True})
             finished = True
             await send({"type": "http.response.body", "body": b"", "more_body": False})
         except asyncio.CancelledError:

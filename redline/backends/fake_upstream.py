@@ -180,11 +180,13 @@ def main() -> None:
     p.add_argument("--slow-p", type=float, default=0.0, help="share of slow first tokens")
     p.add_argument("--slow", type=float, default=0.0, help="TTFT of a slow one, seconds")
     p.add_argument("--tpot", type=float, default=0.01)
+    p.add_argument("--tpot-jitter", type=float, default=0.0,
+                   help="each gap between tokens is tpot ± this (uniform): streams drift apart")
     p.add_argument("--capacity", type=int, default=1_000_000)
     p.add_argument("--fail-rate", type=float, default=0.0)
     p.add_argument("--seed", type=int, default=0)
     a = p.parse_args()
-    spec = UpstreamSpec(ttft=Dist(a.ttft, a.ttft_jitter, a.slow_p, a.slow), tpot=Dist(a.tpot),
+    spec = UpstreamSpec(ttft=Dist(a.ttft, a.ttft_jitter, a.slow_p, a.slow), tpot=Dist(a.tpot, a.tpot_jitter),
                         capacity=a.capacity, fail_rate=a.fail_rate, seed=a.seed)
     uvicorn.run(create_upstream(spec), host=a.host, port=a.port, log_level="warning", access_log=False)
 

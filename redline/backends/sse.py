@@ -12,8 +12,13 @@ async def data_payloads(chunks: AsyncIterator[bytes]) -> AsyncIterator[list[byte
     HTTP/1.1 connection can go back to its pool."""
     pending = b""
     async for data in chunks:
-        lines = (pending + data).split(b"\n")
-        pending = lines.pop()
-        payloads = [line[5:].strip() for line in lines if line.startswith(b"data:")]
+        payloads, pending = split_payloads(pending, data)
         if payloads:
             yield payloads
+
+
+def split_payloads(pending: bytes, data: bytes) -> tuple[list[bytes], bytes]:
+    """The complete `data:` payloads in `pending + data`, and the incomplete line left."""
+    lines = (pending + data).split(b"\n")
+    pending = lines.pop()
+    return [line[5:].strip() for line in lines if line.startswith(b"data:")], pending

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import bisect
 import math
-import statistics
 from collections import deque
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -58,21 +57,31 @@ class Prediction:
         """Expected output tokens before the first one; max_tokens without history."""
         if not self.samples:
             return self.max_tokens
-        return max(1, min(self.max_tokens, round(statistics.median(self.samples))))
+        return max(1, min(self.max_tokens, round(_median(self.samples, 0))))
 
     def revise(self, n: int) -> int:
         """Expected output tokens, knowing that n came and the answer goes on."""
         if n >= self.max_tokens or not self.samples:
             return self.max_tokens
-        longer: tuple[int, ...] = ()
-        for rung in (self.samples, *self.coarser):
-            longer = rung[bisect.bisect_right(rung, n):]
-            if len(longer) >= MIN_LONGER:
-                break
-        if len(longer) < MIN_LONGER:  # no rung has enough: the most specific one says
-            longer = self.samples[bisect.bisect_right(self.samples, n):]
-        guess = statistics.median(longer) if longer else math.ceil(n * 1.25)
+        # runs on every relayed token: the rungs are sorted, so the lengths longer than
+        # n are a tail found by bisection, and its median is read off in place
+        rung, lo = self.samples, bisect.bisect_right(self.samples, n)
+        if len(rung) - lo < MIN_LONGER:
+            for coarser in self.coarser:
+                at = bisect.bisect_right(coarser, n)
+                if len(coarser) - at >= MIN_LONGER:
+                    rung, lo = coarser, at
+                    break
+            # else no rung has enough: the most specific one says
+        guess = _median(rung, lo) if lo < len(rung) else math.ceil(n * 1.25)
         return int(min(self.max_tokens, max(n + 1, round(guess))))
+
+
+def _median(ordered: tuple[int, ...], lo: int) -> float:
+    """The median of ordered[lo:], which is sorted and not empty."""
+    k = len(ordered) - lo
+    mid = lo + k // 2
+    return ordered[mid] if k % 2 else (ordered[mid - 1] + ordered[mid]) / 2
 
 
 def prompt_text(request: GenerationRequest) -> str:

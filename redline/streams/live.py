@@ -35,11 +35,11 @@ class LiveStream:
             if not w.done():
                 w.set_result(None)
 
-    async def push(self, event: bytes) -> None:
+    def push(self, event: bytes) -> None:
         self.events.append(event)
         self._wake()
 
-    async def end(self, aborted: bool = False) -> None:
+    def end(self, aborted: bool = False) -> None:
         self.done = True
         self.aborted = aborted
         self._wake()

@@ -91,7 +91,7 @@ class StreamManager:
         aborted = True
         try:
             async for event in events:
-                await live.push(event)
+                live.push(event)
             aborted = False
         except asyncio.CancelledError:
             pass  # abandoned (grace over) or shutting down
@@ -100,7 +100,7 @@ class StreamManager:
         finally:
             with contextlib.suppress(Exception):
                 await _aclose(events)  # frees the engine sequence if still running
-            await live.end(aborted=aborted)
+            live.end(aborted=aborted)
             journaled = False
             if aborted:
                 self._settle(live, False)
