@@ -2,7 +2,13 @@
 16 tokens) at 64 concurrent streams: direct to the upstream, through redline, and through
 LiteLLM's proxy, all in the same run on the same upstream. LiteLLM lives in its own venv
 (`python3 -m venv /tmp/litellm-venv && /tmp/litellm-venv/bin/pip install 'litellm[proxy]'`).
+Each target is measured in steady state: after a warm-up run, a closed loop whose first
+4 x concurrency requests (the ramp, where every client starts in the same millisecond)
+are left out. `--tpot-jitter` draws each upstream gap from tpot ± jitter, so that the
+streams drift apart as real ones do; without it, identical requests stay in lockstep and
+all clients restart together every answer (a burst of 64 new requests at once).
 Usage: flock /tmp/redline-cpu.lock .venv/bin/python bench/routing_overhead.py
+       .venv/bin/python bench/routing_overhead.py --tpot 0.02 --tpot-jitter 0.01 --tokens 32
 """
 
 from __future__ import annotations
@@ -53,8 +59,9 @@ async def run(n: int, concurrency: int, venv: Path | None, tpot: float = 0.001,
         out: dict[str, object] = {}
         for name, url in targets.items():
             auth = {"Authorization": f"Bearer {KEY}"} if name == "litellm" else None
-            await closed_loop(url, [body] * 200, concurrency, auth)  # warm up
-            res = await closed_loop(url, [body] * n, concurrency, auth)
+            await closed_loop(url, [body] * 200, concurrency, auth)  # warm up (JIT caches, pools)
+            # steady state: the loop's first requests (all clients at once) are left out
+            res = await closed_loop(url, [body] * n, concurrency, auth, warmup=4 * concurrency)
             ok = [r for r in res if r.ok]
             out[name] = {"answered": len(ok), "ttft": summary([r.ttft for r in ok]),
                          "total": summary([r.total for r in ok])}

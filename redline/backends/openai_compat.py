@@ -21,6 +21,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
+from yarl import URL
 
 from redline.backends.base import Backend, BackendInfo
 from redline.backends.pool import PoolBackend
@@ -32,6 +33,7 @@ from redline.types import Chunk, FinishReason, GenerationRequest, StageTimings, 
 _FINISH: dict[str, FinishReason] = {"stop": "stop", "length": "length", "eos": "stop",
                                     "abort": "cancelled", "error": "error"}
 _TRANSPORT_ERRORS = (aiohttp.ClientError, asyncio.TimeoutError, OSError)
+_JSON = {"Content-Type": "application/json"}
 
 
 class OpenAICompatBackend:
@@ -44,7 +46,9 @@ class OpenAICompatBackend:
         if not self.base.endswith("/v1"):
             self.base += "/v1"
         self.upstream_model = upstream_model or name
-        self._urls = {"chat": f"{self.base}/chat/completions", "text": f"{self.base}/completions"}
+        # parsed once: aiohttp would parse a str URL on every request
+        self._urls = {"chat": URL(f"{self.base}/chat/completions"),
+                      "text": URL(f"{self.base}/completions")}
         self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         # one read timeout between chunks; the first token may take longer than later ones
         self._timeout = aiohttp.ClientTimeout(total=None, connect=connect_timeout_s,
@@ -72,7 +76,7 @@ class OpenAICompatBackend:
                 json_serialize=json.dumps, auto_decompress=False)
         return self._session
 
-    def _payload(self, request: GenerationRequest) -> tuple[str, dict[str, Any]]:
+    def _payload(self, request: GenerationRequest) -> tuple[URL, dict[str, Any]]:
         s = request.sampling
         body: dict[str, Any] = {"model": self.upstream_model, "stream": True,
                                 "stream_options": {"include_usage": True},
@@ -106,7 +110,8 @@ class OpenAICompatBackend:
         usage: Usage | None = None
         try:
             try:
-                response = await self._client().post(url, json=body)
+                response = await self._client().post(url, data=json.dumps(body).encode(),
+                                                     headers=_JSON)
             except _TRANSPORT_ERRORS as exc:
                 raise BackendError(f"{self.info.name}: upstream unreachable "
                                    f"({type(exc).__name__})") from exc
