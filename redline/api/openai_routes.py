@@ -97,8 +97,20 @@ async def _serve(request: Request, *, gen_kind: str, body: Any, gen: Any) -> Res
         # generation runs in its own task (journalled, resumable); this response only reads
         streams: StreamManager = request.app.state.streams
         progress = streams.progress(gen, completion.model, completion.tier)
-        live = streams.start(stream_id, _sse(completion, shape, stream_id, body.include_usage,
-                                             progress), tenant=gen.tenant)
+        events = _sse(completion, shape, stream_id, body.include_usage, progress)
+        # the first token is in hand: encode its events here, so that the response's
+        # first write carries it. Handed to a producer task, it would wait for that task
+        # to start and then for this one to wake: two trips through a busy event loop.
+        first: list[bytes] = []
+        try:
+            for _ in range(2 if gen_kind == "chat" else 1):  # chat: the role event, then it
+                first.append(await events.__anext__())
+        except StopAsyncIteration:
+            pass
+        except BaseException:  # cancelled while a first chunk without text waits for more
+            await events.aclose()  # closes the chunks: frees the upstream or engine sequence
+            raise
+        live = streams.start(stream_id, events, tenant=gen.tenant, first=first)
         return sse.EventStream(streams.follow(live), headers=headers)
     text = []
     async for chunk in completion.chunks:

@@ -73,10 +73,13 @@ class StreamManager:
 
     # ---- producing ------------------------------------------------------------
     def start(self, stream_id: str, events: AsyncIterator[bytes],
-              tenant: str = "anonymous") -> LiveStream:
+              tenant: str = "anonymous", first: list[bytes] | None = None) -> LiveStream:
         """Run `events` (the encoded SSE events of one completion) to the end, or until
-        abandoned. Returns at once; read it with `follow`."""
+        abandoned. Returns at once; read it with `follow`. `first`: events the caller
+        already took from `events` (they are the stream's first ones)."""
         live = LiveStream(stream_id, tenant)
+        for event in first or ():
+            live.push(event)
         self.live[stream_id] = live
         live.journal_done = asyncio.get_running_loop().create_future()
         self._journaling[stream_id] = live
