@@ -195,9 +195,9 @@ class _Shape:
 
     def encoder(self, include_usage: bool) -> Callable[[str, dict[str, Any] | None], str]:
         """The JSON of `piece(text, None, include_usage, {"progress": progress})` for a
-        non-empty text, made
-        from a template: the envelope is encoded once per stream, and each token costs
-        one string escape (relaying tokens is most of a gateway's work)."""
+        non-empty text, made from a template: the envelope is encoded once per stream,
+        and each token costs one string escape (relaying tokens is most of a gateway's
+        work)."""
         envelope = json.dumps(self.piece(_MARK, None, include_usage), separators=(",", ":"))
         head, tail = envelope.split(json.dumps(_MARK), 1)
         tail = tail[:-1]  # the closing brace: "redline" is the envelope's last key
