@@ -25,16 +25,18 @@ class _Random:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._pool = b""
+        self._at = 0  # what is before it was handed out
         os.register_at_fork(after_in_child=self._reset)  # a child must not reuse ours
 
     def _reset(self) -> None:
-        self._pool = b""
+        self._pool, self._at = b"", 0
 
     def take(self, n: int) -> bytes:
         with self._lock:
-            if len(self._pool) < n:
-                self._pool = os.urandom(4096)
-            out, self._pool = self._pool[:n], self._pool[n:]
+            if self._at + n > len(self._pool):
+                self._pool, self._at = os.urandom(4096), 0
+            out = self._pool[self._at:self._at + n]
+            self._at += n
         return out
 
 

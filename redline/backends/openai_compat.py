@@ -73,7 +73,7 @@ class OpenAICompatBackend:
             self._session = aiohttp.ClientSession(
                 headers=self._headers, timeout=self._timeout,
                 connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=30.0),
-                json_serialize=json.dumps, auto_decompress=False)
+                auto_decompress=False)
         return self._session
 
     def _payload(self, request: GenerationRequest) -> tuple[URL, dict[str, Any]]:
