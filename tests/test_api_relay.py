@@ -80,3 +80,123 @@ def test_event_stream_sends_body_through_the_raw_send_and_leaves_no_cycle():
         gc.enable()
     # the start and the end go through the middlewares; the token chunks do not
     assert seen_by_middleware == ["http.response.start", "http.response.body"]
+
+
+class _Transport(asyncio.Transport):
+    """A connection's transport that records each write (each would be one send())."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.writes: list[bytes] = []
+        self.closed = False
+
+    def write(self, data: bytes) -> None:  # type: ignore[override]
+        self.writes.append(bytes(data))
+
+    def is_closing(self) -> bool:
+        return self.closed
+
+    def close(self) -> None:
+        self.closed = True
+
+    def get_extra_info(self, name: str, default=None):  # type: ignore[no-untyped-def]
+        return {"peername": ("127.0.0.1", 5555), "sockname": ("127.0.0.1", 8000)}.get(name, default)
+
+    def pause_reading(self) -> None: ...
+    def resume_reading(self) -> None: ...
+
+
+@pytest.mark.parametrize("first_ready", [True, False])
+async def test_response_head_goes_out_with_the_first_event(first_ready):
+    """With the first event in hand, the head and that event are one write (one send()
+    and one wake-up of the client before its first token); later events are their own
+    writes, as they come. Without it, the head goes out alone at once."""
+    pytest.importorskip("httptools")
+    import uvicorn
+    from uvicorn.server import ServerState
+
+    from redline.api.server import protocol
+    from redline.config import LimitsConfig
+
+    gate = asyncio.Event()
+
+    async def events():
+        yield b"id: s:1\ndata: first\n\n"
+        await gate.wait()
+        yield b"id: s:2\ndata: second\n\n"
+
+    async def app(scope, receive, send):  # type: ignore[no-untyped-def]
+        await EventStream(events(), first_ready=first_ready)(scope, receive, send)
+
+    config = uvicorn.Config(expose_raw_send(app), log_level="warning", lifespan="off")
+    proto = protocol(LimitsConfig())(config=config, server_state=ServerState(), app_state={})
+    transport = _Transport()
+    proto.connection_made(transport)
+    proto.data_received(b"GET /s HTTP/1.1\r\nHost: t\r\n\r\n")
+    for _ in range(50):
+        await asyncio.sleep(0)
+    if first_ready:
+        assert len(transport.writes) == 1
+        assert transport.writes[0].startswith(b"HTTP/1.1 200")
+        assert b"data: first\n\n" in transport.writes[0]
+    else:
+        assert transport.writes[0].startswith(b"HTTP/1.1 200") and b"first" not in transport.writes[0]
+        assert b"data: first\n\n" in transport.writes[1]
+    n = len(transport.writes)
+    gate.set()
+    for _ in range(50):
+        await asyncio.sleep(0)
+    assert b"data: second\n\n" in transport.writes[n] and transport.writes[-1].endswith(b"0\r\n\r\n")
+    proto.connection_lost(None)
+
+
+async def test_completion_routes_skip_fastapi_only_for_bodies_that_validate(tmp_path):
+    """A valid body is answered by DirectRoutes without FastAPI's route; anything else
+    (bad JSON, a field out of range, no JSON content type) takes the route, replayed
+    whole, and gets its usual OpenAI-shaped error or answer."""
+    import httpx
+
+    from redline.api.app import create_app
+    from redline.backends.fake import FakeBackend
+    from redline.config import RedlineConfig
+
+    cfg = RedlineConfig(server={"data_dir": str(tmp_path)}, models=[{"name": "fake", "bundled": "fake"}])
+    app = create_app(cfg, backends={"fake": FakeBackend(tpot_s=0.0)})
+    from redline.api.openai_routes import DirectRoutes
+
+    routed: list[str] = []  # requests that went past DirectRoutes, into FastAPI's routing
+    app.middleware_stack = app.build_middleware_stack()
+    layer = app.middleware_stack
+    while not isinstance(layer, DirectRoutes):
+        layer = layer.app
+    inner = layer.app
+
+    async def counted(scope, receive, send):  # type: ignore[no-untyped-def]
+        if scope["type"] == "http":
+            routed.append(scope["path"])
+        await inner(scope, receive, send)
+    layer.app = counted
+    chat = {"model": "fake", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5}
+    async with app.router.lifespan_context(app):
+        while not app.state.pipeline.ready:
+            await asyncio.sleep(0.01)
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as c:
+            ok = await c.post("/v1/chat/completions", json=chat)
+            streamed = await c.post("/v1/chat/completions", json={**chat, "stream": True})
+            text = await c.post("/v1/completions", json={"model": "fake", "prompt": "hi", "max_tokens": 3})
+            assert ok.status_code == 200 and ok.json()["choices"][0]["message"]["content"]
+            assert streamed.status_code == 200 and streamed.text.endswith("data: [DONE]\n\n")
+            assert text.status_code == 200 and text.json()["object"] == "text_completion"
+            assert routed == []
+            bad = await c.post("/v1/chat/completions", json={**chat, "max_tokens": 0})
+            assert bad.status_code == 400 and bad.json()["error"]["param"] == "max_tokens"
+            broken = await c.post("/v1/chat/completions", content=b'{"model": "fake", "mess',
+                                  headers={"content-type": "application/json"})
+            assert broken.status_code == 400 and broken.json()["error"]["type"] == "invalid_request_error"
+            unknown = await c.post("/v1/chat/completions", json={**chat, "model": "nope"})
+            assert unknown.status_code == 404 and unknown.json()["error"]["code"] == "model_not_found"
+            plain = await c.post("/v1/chat/completions", content=json.dumps(chat).encode(),
+                                 headers={"content-type": "text/plain"})
+            assert routed == ["/v1/chat/completions"] * 2 + ["/v1/chat/completions"]
+            assert plain.status_code in (200, 400)  # FastAPI decides, as before
+            assert (await c.get("/v1/models")).status_code == 200 and routed[-1] == "/v1/models"

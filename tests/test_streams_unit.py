@@ -166,6 +166,27 @@ async def test_the_journal_is_one_group_write_per_interval_for_all_streams():
         assert f"strm-{i}" not in m.live  # handed over to the journal
 
 
+async def test_a_stream_read_here_is_journalled_at_its_end_and_a_left_one_as_it_goes():
+    store = MemoryStore()
+    m = _manager(grace=5, store=store)
+    src = Source(400, delay=0.002)
+    live = m.start("strm-x", src.events())
+    reader = m.follow(live)
+    head = [await reader.__anext__() for _ in range(20)]
+    await asyncio.sleep(3 * m.cfg.journal_flush_s)
+    # its client has these: the stream is announced (meta) but its events wait
+    assert await m.journal.meta("strm-x") is not None
+    assert await m.journal.read("strm-x", 0) == []
+    await reader.aclose()  # the client leaves: from now on the journal follows it
+    await asyncio.sleep(5 * m.cfg.journal_flush_s)
+    journalled = await m.journal.read("strm-x", 0)
+    assert len(journalled) >= 20 and b"".join(journalled).startswith(b"".join(head))
+    await live.producer
+    whole = await m.journal.read("strm-x", 0)
+    assert len(whole) == 401 and whole[:len(journalled)] == journalled
+    assert [e.split(b"\n")[0] for e in whole] == [f"id: strm-x:{i}".encode() for i in range(1, 402)]
+
+
 async def test_finished_stream_replays_from_the_journal():
     m = _manager(grace=5)
     live = m.start("strm-x", Source(5).events())

@@ -115,6 +115,8 @@ def create_app(config: RedlineConfig, backends: Mapping[str, Backend] | None = N
     app.include_router(experiments_routes.router)
     web_routes.install(app)
     # outermost last: BodyLimit → BodyTimeout → Auth → ReadyGate → RateLimit → CountInflight
+    # → DirectRoutes (the completion routes without FastAPI's router)
+    app.add_middleware(openai_routes.DirectRoutes)
     app.state.inflight = Inflight()
     app.add_middleware(CountInflight, inflight=app.state.inflight)
     app.add_middleware(RateLimit, limiter=app.state.limiter)

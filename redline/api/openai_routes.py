@@ -10,6 +10,7 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from redline.api import jobs_routes, sse
 from redline.api.schemas import ChatCompletionRequest, CompletionRequest
@@ -66,14 +67,94 @@ async def list_models(request: Request) -> dict[str, Any]:
 
 @router.post("/v1/chat/completions", response_model=None)
 async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
-    gen = body.to_generation(_tier(request, body.tier), _tenant(request), _no_cache(request))
-    return await _serve(request, gen_kind="chat", body=body, gen=gen)
+    return await _handle(request, body, "chat")
 
 
 @router.post("/v1/completions", response_model=None)
 async def completions(body: CompletionRequest, request: Request) -> Response:
+    return await _handle(request, body, "text")
+
+
+async def _handle(request: Request, body: ChatCompletionRequest | CompletionRequest,
+                  gen_kind: str) -> Response:
     gen = body.to_generation(_tier(request, body.tier), _tenant(request), _no_cache(request))
-    return await _serve(request, gen_kind="text", body=body, gen=gen)
+    return await _serve(request, gen_kind=gen_kind, body=body, gen=gen)
+
+
+class DirectRoutes:
+    """ASGI middleware, the innermost: POST /v1/chat/completions and /v1/completions with
+    a JSON body that validates go straight to their handlers (the same as the routes
+    above), past FastAPI's exception middlewares, router and dependency solver: those
+    were a third of a relayed request's own time before its upstream call (0.36 ms of
+    the gateway's ~1.1 ms at one stream). The body is parsed and validated in one pass
+    (pydantic-core). Anything else, and any body that does not validate, goes the
+    regular way with its messages replayed, so errors are exactly the regular ones;
+    an exception from a handler is answered by the app's handler for it, as
+    FastAPI's ExceptionMiddleware would (anything without one propagates the same)."""
+
+    ROUTES: dict[str, tuple[type[ChatCompletionRequest] | type[CompletionRequest], str]] = {
+        "/v1/chat/completions": (ChatCompletionRequest, "chat"),
+        "/v1/completions": (CompletionRequest, "text")}
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        route = self.ROUTES.get(scope["path"]) if scope["type"] == "http" else None
+        if route is None or scope["method"] != "POST" or not _json_body(scope):
+            await self.app(scope, receive, send)
+            return
+        messages: list[Message] = []
+        while True:
+            message = await receive()
+            messages.append(message)
+            if message["type"] != "http.request" or not message.get("more_body", False):
+                break
+        try:
+            if message["type"] != "http.request":
+                raise ValueError("no whole body")
+            raw = b"".join(m.get("body", b"") for m in messages)
+            body = route[0].model_validate_json(raw)
+        except ValueError:  # pydantic's ValidationError is one: the regular way answers
+            await self.app(scope, _replay(messages, receive), send)
+            return
+        request = Request(scope, receive)
+        try:
+            response = await _handle(request, body, route[1])
+        except Exception as exc:
+            handler = _handler_for(request.app, exc)
+            if handler is None:
+                raise
+            response = await handler(request, exc)
+        await response(scope, receive, send)
+
+
+def _json_body(scope: Scope) -> bool:
+    for name, value in scope["headers"]:
+        if name == b"content-type":
+            return value.split(b";", 1)[0].strip().lower() == b"application/json"
+    return False
+
+
+def _replay(messages: list[Message], receive: Receive) -> Receive:
+    pending = list(messages)
+
+    async def replayed() -> Message:
+        return pending.pop(0) if pending else await receive()
+    return replayed
+
+
+def _handler_for(app: Any, exc: Exception) -> Callable[..., Any] | None:
+    """The app's exception handler for `exc`, as Starlette's ExceptionMiddleware finds
+    it (by the exception's classes, most derived first); `Exception`'s own handler is the
+    server-error middleware's, outside: not taken here."""
+    handlers = app.exception_handlers
+    for cls in type(exc).__mro__:
+        if cls is Exception:
+            return None
+        if cls in handlers:
+            return handlers[cls]  # type: ignore[no-any-return]
+    return None
 
 
 async def _serve(request: Request, *, gen_kind: str, body: Any, gen: Any) -> Response:
@@ -111,7 +192,7 @@ async def _serve(request: Request, *, gen_kind: str, body: Any, gen: Any) -> Res
             await events.aclose()  # closes the chunks: frees the upstream or engine sequence
             raise
         live = streams.start(stream_id, events, tenant=gen.tenant, first=first)
-        return sse.EventStream(streams.follow(live), headers=headers)
+        return sse.EventStream(streams.follow(live), headers=headers, first_ready=bool(first))
     text = []
     async for chunk in completion.chunks:
         text.append(chunk.text)

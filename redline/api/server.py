@@ -31,7 +31,7 @@ try:  # llhttp in C: a fraction of h11's cost per request and per streamed chunk
 except ImportError:  # httptools is not installed
     HttpToolsProtocol = None
 
-from redline.api.sse import expose_raw_send
+from redline.api.sse import HOLD_HEAD, expose_raw_send
 from redline.config import LimitsConfig
 from redline.errors import Overloaded
 
@@ -149,6 +149,39 @@ if HttpToolsProtocol is not None:
             self._in_headers = False
             self._disarm()
             super().on_headers_complete()
+            cycle = self.cycle
+            if cycle is not None and cycle.scope is self.scope:  # not an upgrade
+                self.scope[HOLD_HEAD] = lambda: _HeldWrite(cycle).release
+
+
+class _HeldWrite:
+    """In place of a response cycle's transport: holds the first write (the response
+    head), sends it joined with the second (the first body chunk), then puts the real
+    transport back. release() sends what is still held; it returns None."""
+
+    __slots__ = ("cycle", "real", "held")
+
+    def __init__(self, cycle: Any) -> None:
+        self.cycle, self.real, self.held = cycle, cycle.transport, None
+        cycle.transport = self
+
+    def write(self, data: bytes) -> None:
+        if self.held is None:
+            self.held = data
+            return
+        held, self.held = self.held, None
+        self.cycle.transport = self.real
+        self.real.write(held + data)
+
+    def release(self) -> None:
+        if self.cycle.transport is self:
+            self.cycle.transport = self.real
+        held, self.held = self.held, None
+        if held is not None and not self.real.is_closing():
+            self.real.write(held)
+
+    def __getattr__(self, name: str) -> Any:  # is_closing, get_extra_info, ...
+        return getattr(self.real, name)
 
 
 def protocol(limits: LimitsConfig) -> type[asyncio.Protocol]:

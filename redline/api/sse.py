@@ -13,6 +13,10 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 DONE = "[DONE]"
 # the server's own `send`, in the scope (see `expose_raw_send`)
 RAW_SEND = "redline.raw_send"
+# where the server offers it (api/server.py): a callable that makes the connection hold
+# its next write (the response head) and send it with the one after (the first body
+# chunk); it returns a release() that sends whatever is still held
+HOLD_HEAD = "redline.hold_head"
 
 
 def expose_raw_send(app: ASGIApp) -> ASGIApp:
@@ -62,9 +66,13 @@ class EventStream(Response):
     media_type = "text/event-stream"
 
     def __init__(self, content: AsyncIterator[bytes], headers: Mapping[str, str] | None = None,
-                 status_code: int = 200) -> None:
+                 status_code: int = 200, first_ready: bool = False) -> None:
+        """`first_ready`: the first chunk is already there (the iterator yields it
+        without waiting), so the response head goes out with it in one write: one
+        send() and one wake-up of the client fewer before its first token."""
         self.body_iterator = content
         self.status_code = status_code
+        self.first_ready = first_ready
         self.background = None
         self.init_headers(headers)
 
@@ -84,12 +92,16 @@ class EventStream(Response):
 
         watcher = asyncio.get_running_loop().create_task(watch())
         finished = False
+        hold = scope.get(HOLD_HEAD) if self.first_ready else None
+        release = hold() if hold is not None else None
         try:
             await send({"type": "http.response.start", "status": self.status_code,
                         "headers": self.raw_headers})
             body = scope.get(RAW_SEND, send)  # past the middlewares once the response started
             async for chunk in self.body_iterator:
                 await body({"type": "http.response.body", "body": chunk, "more_body": True})
+                if release is not None:
+                    release = release()  # sent with the head; later chunks go as they come
             finished = True
             await send({"type": "http.response.body", "body": b"", "more_body": False})
         except asyncio.CancelledError:
@@ -97,6 +109,8 @@ class EventStream(Response):
                 raise
             task.uncancel()  # the client left: a normal end for this request
         finally:
+            if release is not None:
+                release()
             state["streaming"] = False
             watcher.cancel()
         if not finished:

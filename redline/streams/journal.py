@@ -1,7 +1,8 @@
 """The stream journal: every SSE event of a stream, as the exact bytes sent, kept
 in the store so that a client can resume on any replica that shares it.
 
-    stream:<id>:events   list, event seq N at index N-1 (seq counts from 1)
+    stream:<id>:events   list of segments: each item is one or more whole events, in
+                         order (event seq N is the Nth event; seq counts from 1)
     stream:<id>:meta     a StreamMeta, present while the stream can be resumed (gone: 404)
     stream:<id>:reader   set (short TTL) while a client follows from another replica,
                          so that the producing replica keeps generating
@@ -67,9 +68,11 @@ class Journal:
                      metas: list[tuple[str, StreamMeta]]) -> bool:
         """Several streams' new events, then their metas, in one write. A meta is set
         when a stream opens and again when it finishes (with its event count), each time
-        with the journal TTL, so that it lives as long as the events it announces."""
+        with the journal TTL, so that it lives as long as the events it announces. Each
+        stream's new events go in as one segment (one list item): the store's cost is
+        per item, and SSE framing (an event ends at its first blank line) splits them."""
         return await self._safe(self.store.write_many(
-            [(self._events(sid), events, self.ttl_s) for sid, events in appends],
+            [(self._events(sid), [b"".join(events)], self.ttl_s) for sid, events in appends if events],
             [(self._meta(sid), meta.encode(), self.ttl_s) for sid, meta in metas]))
 
     async def drop(self, stream_id: str) -> None:
@@ -83,7 +86,10 @@ class Journal:
 
     async def read(self, stream_id: str, after: int) -> list[bytes]:
         """Events with seq > `after`."""
-        return await self.store.range(self._events(stream_id), after)
+        events: list[bytes] = []
+        for segment in await self.store.range(self._events(stream_id)):
+            events += [e + b"\n\n" for e in segment.split(b"\n\n")[:-1]]
+        return events[max(after, 0):]
 
     async def mark_reader(self, stream_id: str, ttl_s: float) -> None:
         await self._safe(self.store.set(self._reader(stream_id), b"1", ttl_s))
