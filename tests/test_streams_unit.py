@@ -241,6 +241,25 @@ async def test_another_replica_follows_through_the_shared_journal_and_keeps_it_a
     assert head + tail == whole and len(whole) == 301
 
 
+async def test_a_resume_elsewhere_gets_events_while_the_first_client_seems_connected():
+    """A half-open connection: replica a still has its reader (it never saw the client
+    go), the client resumes on b. b asks a for the stream, and a journals it as it goes:
+    b's reader gets events long before the stream ends."""
+    store = MemoryStore()
+    a, b = _manager(grace=5, store=store), _manager(grace=5, store=store)
+    src = Source(600, delay=0.005)
+    live = a.start("strm-x", src.events())
+    stale = a.follow(live)
+    head = await stale.__anext__()  # a's reader took one write, then hangs on
+    await asyncio.sleep(3 * a.cfg.journal_flush_s)  # the meta (with its owner) is written
+    n = head.count(b"\n\n")
+    tail = await asyncio.wait_for(_collect(await b.open("strm-x", n), limit=10), 2)
+    assert src.produced < 600 and not live.done
+    assert tail[0].startswith(f"id: strm-x:{n + 1}\n".encode()) and len(tail) >= 10
+    await stale.aclose()
+    await asyncio.wait_for(live.producer, 10)
+
+
 async def test_another_tenant_cannot_resume_a_stream():
     m = _manager(grace=5)
     live = m.start("strm-x", Source(50, delay=0.001).events(), tenant="alice")

@@ -6,6 +6,11 @@ in the store so that a client can resume on any replica that shares it.
     stream:<id>:meta     a StreamMeta, present while the stream can be resumed (gone: 404)
     stream:<id>:reader   set (short TTL) while a client follows from another replica,
                          so that the producing replica keeps generating
+    streams:wanted:<owner>  hash of stream ids that a replica follows through the journal:
+                         their owner, which journals a stream read by its own client only
+                         at its end, reads it at every group write and journals those as
+                         they go (its own client may be gone without its knowing: a
+                         half-open connection)
 
 A store failure never breaks a live stream: the journal fails open (resume then
 works only on the producing replica, from its live buffer).
@@ -90,6 +95,25 @@ class Journal:
         for segment in await self.store.range(self._events(stream_id)):
             events += [e + b"\n\n" for e in segment.split(b"\n\n")[:-1]]
         return events[max(after, 0):]
+
+    @staticmethod
+    def _wanted(owner: str) -> str:
+        return f"streams:wanted:{owner}"
+
+    async def want(self, owner: str, stream_id: str) -> None:
+        """Ask `owner` to journal `stream_id` as it goes (a resume follows it here)."""
+        await self._safe(self.store.hset(self._wanted(owner), stream_id, b"1", self.ttl_s))
+
+    async def take_wanted(self, owner: str) -> list[str]:
+        """The stream ids asked of `owner` since the last call."""
+        key = self._wanted(owner)
+        try:
+            wanted = list(await self.store.hgetall(key))
+        except StoreUnavailable:
+            return []
+        for stream_id in wanted:
+            await self._safe(self.store.hdel(key, stream_id))
+        return wanted
 
     async def mark_reader(self, stream_id: str, ttl_s: float) -> None:
         await self._safe(self.store.set(self._reader(stream_id), b"1", ttl_s))

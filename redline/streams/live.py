@@ -24,6 +24,7 @@ class LiveStream:
         # the journal's side (streams/manager.py writes it): events written so far, the
         # meta written, and True/False once the whole stream is journalled or failed
         self.journaled = 0
+        self.wanted = False  # a reader on another replica follows it through the journal
         self.journal_opened = False
         self.journal_done: asyncio.Future[bool] | None = None
 

@@ -6,14 +6,18 @@
             by one task for all streams: every `journal_flush_s`, one write (a group
             commit: one transaction, one round trip, however many streams) opens the
             new streams' metas, and takes the events of those that finished (one
-            segment each) and of those that nobody reads here any more (their client
-            left: a resume may come through another replica, which follows the journal)
+            segment each), of those that nobody reads here any more (their client
+            left: a resume may come through another replica, which follows the
+            journal) and of those that another replica asked for (Journal.want)
     every response ─► follow(): reads from a seq on, never touches generation
 
 A stream whose client is still reading here is not journalled token by token: its
-client has those events already, and the replica that would write them is the one that
-serves them. Writing them as they came was a third of the gateway's CPU at 64 streams
-(a row per token in SQLite), and its p99 added TTFT four times over.
+client has those events already, and a resume through this replica reads the live
+buffer. Writing every event as it came was a third of the gateway's CPU at 64 streams
+(a row per token in SQLite) and most of its p99 added TTFT. A resume through another
+replica asks this one (the meta names it) to journal the stream as it goes, so it gets
+the events within a group write even when this replica still thinks its client is
+there (a half-open connection).
 
 When the last reader of an unfinished stream goes away, generation goes on for
 `resume_grace_s`; if nobody resumes by then (here, or on another replica that
@@ -137,6 +141,10 @@ class StreamManager:
         `journal_flush_s` with every stream's new events (a new stream's first write
         opens its meta, a finished one's last write records its length)."""
         while self._journaling:
+            for stream_id in await self.journal.take_wanted(self.owner):
+                wanted = self._journaling.get(stream_id)
+                if wanted is not None:
+                    wanted.wanted = True
             appends: list[tuple[str, list[bytes]]] = []
             metas: list[tuple[str, StreamMeta]] = []
             taken: list[tuple[LiveStream, int, bool]] = []
@@ -144,8 +152,9 @@ class StreamManager:
                 finished = live.done and not live.aborted
                 # a stream read here is journalled when it ends (one segment); one that
                 # nobody reads here any more (its client left, maybe to resume on
-                # another replica) is journalled as it goes
-                n = len(live.events) if finished or live.left_at is not None else live.journaled
+                # another replica), or that another replica follows, as it goes
+                going = live.left_at is not None or live.wanted
+                n = len(live.events) if finished or going else live.journaled
                 if n > live.journaled:
                     appends.append((live.id, live.events[live.journaled:n]))
                 if finished:
@@ -211,7 +220,7 @@ class StreamManager:
             finished = True
         finally:
             last = live.leave()
-            if not finished and not live.done:
+            if not finished:  # left before the end (generation may be over)
                 self.metrics.stream_interruptions.inc()
             if last and not live.done:
                 self._abandon(live)
@@ -251,9 +260,12 @@ class StreamManager:
         await journal.mark_reader(stream_id, READER_TTL_S)
         finished = False
         try:
-            if _past_end(await journal.meta(stream_id), seq):
+            meta = await journal.meta(stream_id)
+            if _past_end(meta, seq):
                 finished = True  # nothing after `after`: the [DONE] event is behind it
                 return
+            if meta is not None and meta.events is None:
+                await journal.want(meta.owner, stream_id)  # its owner: journal it as it goes
             while True:
                 events = await journal.read(stream_id, seq)
                 now = time.monotonic()
