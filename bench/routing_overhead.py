@@ -7,8 +7,11 @@ Each target is measured in steady state: after a warm-up run, a closed loop whos
 are left out. `--tpot-jitter` draws each upstream gap from tpot ± jitter, so that the
 streams drift apart as real ones do; without it, identical requests stay in lockstep and
 all clients restart together every answer (a burst of 64 new requests at once).
+`--gateway-nice -5` gives both gateways (redline and LiteLLM alike) a higher scheduling
+priority than the load generator and the upstream, as if they had cores of their own.
 Usage: flock /tmp/redline-cpu.lock .venv/bin/python bench/routing_overhead.py
        .venv/bin/python bench/routing_overhead.py --tpot 0.02 --tpot-jitter 0.01 --tokens 32
+       .venv/bin/python bench/routing_overhead.py --tpot 0.02 --tpot-jitter 0.01 --tokens 32 --gateway-nice -5
 """
 
 from __future__ import annotations
@@ -29,7 +32,8 @@ from routing_common import Procs, closed_loop, free_port, summary  # noqa: E402
 KEY = "sk-bench-" + secrets.token_hex(16)
 
 
-def litellm(procs: Procs, upstream: str, venv: Path, cpus: set[int] | None = None) -> str:
+def litellm(procs: Procs, upstream: str, venv: Path, cpus: set[int] | None = None,
+            nice: int = 0) -> str:
     port = free_port()
     cfg = {"model_list": [{"model_name": "m", "litellm_params": {
         "model": "openai/m", "api_base": f"{upstream}/v1", "api_key": "none"}}],
@@ -38,11 +42,13 @@ def litellm(procs: Procs, upstream: str, venv: Path, cpus: set[int] | None = Non
     path = procs.tmp / "litellm.yaml"
     path.write_text(yaml.safe_dump(cfg))
     return procs.start([str(venv / "bin" / "litellm"), "--config", str(path), "--port", str(port),
-                        "--num_workers", "1"], f"http://127.0.0.1:{port}", "/health/liveliness", cpus)
+                        "--num_workers", "1"], f"http://127.0.0.1:{port}", "/health/liveliness", cpus,
+                       nice)
 
 
 async def run(n: int, concurrency: int, venv: Path | None, tpot: float = 0.001,
-              tokens: int = 16, pin: bool = False, jitter: float = 0.0) -> dict[str, object]:
+              tokens: int = 16, pin: bool = False, jitter: float = 0.0,
+              nice: int = 0) -> dict[str, object]:
     gateway_cpus = None
     if pin:  # the load generator and the upstream on CPU 0 (children inherit it)
         os.sched_setaffinity(0, {0})
@@ -52,9 +58,9 @@ async def run(n: int, concurrency: int, venv: Path | None, tpot: float = 0.001,
         up = procs.upstream(ttft=0.0, tpot=tpot, tpot_jitter=jitter)
         targets = {"direct": up,
                    "redline": procs.gateway([{"name": "m", "backend": "openai", "url": up}],
-                                            cpus=gateway_cpus, routing={"classifier": "off"})}
+                                            cpus=gateway_cpus, nice=nice, routing={"classifier": "off"})}
         if venv is not None and (venv / "bin" / "litellm").exists():
-            targets["litellm"] = litellm(procs, up, venv, gateway_cpus)
+            targets["litellm"] = litellm(procs, up, venv, gateway_cpus, nice)
         body = {"model": "m", "max_tokens": tokens, "messages": [{"role": "user", "content": "hi"}]}
         out: dict[str, object] = {}
         for name, url in targets.items():
@@ -88,9 +94,16 @@ def main() -> None:
     p.add_argument("--pin", action="store_true",
                    help="each gateway on CPU 1, the load generator and the upstream on CPU 0: "
                         "the gateway as if on its own core, as in production (Linux)")
+    p.add_argument("--gateway-nice", type=int, default=0,
+                   help="each gateway's scheduling priority, e.g. -5: on this box the gateways "
+                        "share two cores with the load generator and the upstream, and the "
+                        "scheduler's fairness makes the busiest process (the gateway) wait "
+                        "for the others; a negative nice stands in for cores of its own "
+                        "(needs root)")
     a = p.parse_args()
     venv = Path(a.litellm_venv) if a.litellm_venv else None
-    print(json.dumps(asyncio.run(run(a.n, a.concurrency, venv, a.tpot, a.tokens, a.pin, a.tpot_jitter)), indent=2))
+    print(json.dumps(asyncio.run(run(a.n, a.concurrency, venv, a.tpot, a.tokens, a.pin, a.tpot_jitter,
+                                     a.gateway_nice)), indent=2))
 
 
 if __name__ == "__main__":
