@@ -138,8 +138,9 @@ class StreamManager:
 
     async def _flush_journal(self) -> None:
         """The group commit: while streams are being journalled, one write every
-        `journal_flush_s` with every stream's new events (a new stream's first write
-        opens its meta, a finished one's last write records its length)."""
+        `journal_flush_s` with the new events of the streams that need them (see the
+        module's docstring); a new stream's first write opens its meta, a finished
+        one's last write records its length."""
         while self._journaling:
             for stream_id in await self.journal.take_wanted(self.owner):
                 wanted = self._journaling.get(stream_id)
