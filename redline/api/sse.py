@@ -100,8 +100,9 @@ class EventStream(Response):
             body = scope.get(RAW_SEND, send)  # past the middlewares once the response started
             async for chunk in self.body_iterator:
                 await body({"type": "http.response.body", "body": chunk, "more_body": True})
-                if release is not None:
-                    release = release()  # sent with the head; later chunks go as they come
+                if release is not None:  # sent with the head; later chunks go as they come
+                    release()
+                    release = None
             finished = True
             await send({"type": "http.response.body", "body": b"", "more_body": False})
         except asyncio.CancelledError:

@@ -91,10 +91,14 @@ class Journal:
 
     async def read(self, stream_id: str, after: int) -> list[bytes]:
         """Events with seq > `after`."""
-        events: list[bytes] = []
-        for segment in await self.store.range(self._events(stream_id)):
-            events += [e + b"\n\n" for e in segment.split(b"\n\n")[:-1]]
-        return events[max(after, 0):]
+        return (await self.tail(stream_id, 0))[0][max(after, 0):]
+
+    async def tail(self, stream_id: str, segment: int) -> tuple[list[bytes], int]:
+        """The events of the segments from index `segment` on, and the index to ask
+        for next: a follower reads only what was added since its last read."""
+        segments = await self.store.range(self._events(stream_id), segment)
+        events = [e + b"\n\n" for s in segments for e in s.split(b"\n\n")[:-1]]
+        return events, segment + len(segments)
 
     @staticmethod
     def _wanted(owner: str) -> str:

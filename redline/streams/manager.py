@@ -267,8 +267,12 @@ class StreamManager:
                 return
             if meta is not None and meta.events is None:
                 await journal.want(meta.owner, stream_id)  # its owner: journal it as it goes
+            segment, skip = 0, seq  # the journal's segments read; events still before `after`
             while True:
-                events = await journal.read(stream_id, seq)
+                events, segment = await journal.tail(stream_id, segment)
+                if skip:
+                    cut = min(skip, len(events))
+                    events, skip = events[cut:], skip - cut
                 now = time.monotonic()
                 for event in events:
                     seq += 1
