@@ -103,10 +103,10 @@ def main() -> int:
     one, default = rows[1], rows[0]
     tok1, tok0 = statistics.mean(x[0] for x in one), statistics.mean(x[0] for x in default)
     print()
-    print(f"embedder_threads=1 (default): {tok1:6.1f} tok/s, llama.cpp threads "
-          f"{statistics.mean(x[1] for x in one):.0%} busy, machine idle {statistics.mean(x[2] for x in one):.0%}")
-    print(f"embedder_threads=0 (torch's): {tok0:6.1f} tok/s, llama.cpp threads "
-          f"{statistics.mean(x[1] for x in default):.0%} busy, machine idle {statistics.mean(x[2] for x in default):.0%}")
+    for label, got, tok in (("1 (default)", one, tok1), ("0 (torch's)", default, tok0)):
+        busy, idle = statistics.mean(x[1] for x in got), statistics.mean(x[2] for x in got)
+        print(f"embedder_threads={label}: {tok:6.1f} tok/s, llama.cpp threads {busy:.0%} busy, "
+              f"machine idle {idle:.0%} of a core")
     print(f"ratio: {tok1 / tok0:.2f}x")
     return 0
 

