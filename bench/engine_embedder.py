@@ -1,12 +1,12 @@
 """The semantic cache's embedder next to the embedded engine, A/B in one run.
 
 Two redline servers on the bundled SmolLM2 with the default config (semantic cache on, so
-all-MiniLM-L6-v2 runs in the same process as llama.cpp), one with `cache.embedder_threads: 1`
-(the default) and one with `0` (torch's default: all cores). Each is driven in turn at
-concurrency 8, 64 output tokens each (`ignore_eos`, bodies with `"cache": false`: the
-engine is measured, not the cache), alternating the order every round. Prints total output
-tok/s, how busy the server's two busiest threads (llama.cpp's) were, and the machine's idle
-time during the run.
+all-MiniLM-L6-v2 runs in the same process as llama.cpp), one with `cache.embedder_threads:
+1` (what an unset value resolves to next to a local model) and one with `0` (torch's
+default: all cores). Each is driven in turn at concurrency 8, 64 output tokens each
+(`ignore_eos`, bodies with `"cache": false`: the engine is measured, not the cache),
+alternating the order every round. Prints total output tok/s, how busy the server's two
+busiest threads (llama.cpp's) were, and the machine's idle time during the run.
 
     .venv/bin/python bench/engine_embedder.py [--rounds 3] [--requests 24]
 """
@@ -103,7 +103,7 @@ def main() -> int:
     one, default = rows[1], rows[0]
     tok1, tok0 = statistics.mean(x[0] for x in one), statistics.mean(x[0] for x in default)
     print()
-    for label, got, tok in (("1 (default)", one, tok1), ("0 (torch's)", default, tok0)):
+    for label, got, tok in (("1 (the default here)", one, tok1), ("0 (torch's)", default, tok0)):
         busy, idle = statistics.mean(x[1] for x in got), statistics.mean(x[2] for x in got)
         print(f"embedder_threads={label}: {tok:6.1f} tok/s, llama.cpp threads {busy:.0%} busy, "
               f"machine idle {idle:.0%} of a core")

@@ -251,10 +251,10 @@ class CacheConfig(_Section):
     cache_sampled: bool = Field(False, description="also cache requests with temperature > 0")
     embedder_path: str | None = Field(None, description="sentence-transformers model dir; "
                                       "None: the bundled all-MiniLM-L6-v2")
-    embedder_threads: int = Field(
-        1, ge=0, description="torch threads for the embedder; 0 = torch's default (all cores). "
-        "1 keeps torch from slowing an embedded llama.cpp engine in the same process "
-        "(see redline/cache/embedder.py); set 0 where the models run elsewhere")
+    embedder_threads: int | None = Field(
+        None, ge=0, description="torch threads for the embedder; 0 = torch's default (all cores); "
+        "None = 1 when this process runs a local model (torch's extra threads slow the embedded "
+        "llama.cpp engine, see redline/cache/embedder.py), else torch's default")
 
 
 _ARM_SAMPLING = {"temperature", "top_p", "top_k", "max_tokens", "seed"}

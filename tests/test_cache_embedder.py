@@ -37,7 +37,8 @@ def probe(**cfg: object) -> dict:  # type: ignore[type-arg]
 
 def test_the_cache_runs_torch_on_one_thread_by_default() -> None:
     """A second OpenMP team (torch's) next to llama.cpp's makes the engine's threads sleep
-    at every barrier: the cache's embedder keeps torch to one thread unless told otherwise."""
+    at every barrier: a cache whose thread count was not resolved by the app (see the
+    last test) keeps torch to one thread."""
     got = probe()
     assert got == {"torch_threads": 1, "dim": 384, "index": True}
 
@@ -46,3 +47,18 @@ def test_the_cache_runs_torch_on_one_thread_by_default() -> None:
 def test_embedder_threads_zero_leaves_torch_its_default() -> None:
     got = probe(embedder_threads=0)
     assert got["torch_threads"] > 1 and got["index"]
+
+
+def test_the_app_keeps_torch_to_one_thread_only_next_to_a_local_engine(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from redline.api.app import create_app
+    from redline.config import RedlineConfig
+
+    def resolved(models: list[dict], **cache: object) -> int | None:  # type: ignore[type-arg]
+        cfg = RedlineConfig(server={"data_dir": str(tmp_path)}, models=models, cache=cache)
+        return create_app(cfg).state.pipeline.cache.cfg.embedder_threads  # type: ignore[no-any-return]
+
+    local = {"name": "small", "bundled": "smollm2-135m-instruct"}  # built, not loaded
+    remote = {"name": "big", "backend": "openai", "url": "http://127.0.0.1:9"}
+    assert resolved([local, remote]) == 1
+    assert resolved([remote]) == 0  # a gateway: torch may use every core
+    assert resolved([local], embedder_threads=2) == 2  # said explicitly: kept

@@ -67,7 +67,11 @@ def create_app(config: RedlineConfig, backends: Mapping[str, Backend] | None = N
                         router=Router(backends, default, config.routing, metrics))
     store = open_store(config.store.url or "memory://")  # the one store: caches, journals, ...
     if config.cache.enabled:
-        pipeline.cache = ResponseCache(config.cache, store, metrics)
+        cache_cfg = config.cache
+        if cache_cfg.embedder_threads is None:  # torch on one thread next to a local engine
+            local = any(b.info.kind == "local" for b in backends.values())
+            cache_cfg = cache_cfg.model_copy(update={"embedder_threads": 1 if local else 0})
+        pipeline.cache = ResponseCache(cache_cfg, store, metrics)
         pipeline.observers.append(pipeline.cache)  # stores each fresh answer
     pipeline.experiments = Experiments(config.experiments, backends)  # A/B arms, before the cache
     pipeline.observers.append(pipeline.experiments.recorder)  # per-arm figures

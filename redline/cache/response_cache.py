@@ -127,6 +127,8 @@ class ResponseCache:
         if self.embedder is None:
             try:
                 path, threads = self.cfg.embedder_path, self.cfg.embedder_threads
+                if threads is None:  # not resolved by the app (see api/app.py): the safe side
+                    threads = 1
                 self.embedder = await self._off_loop(lambda: load_minilm(path, threads))
             except Exception:
                 log.exception("semantic cache off: the embedder did not load")
