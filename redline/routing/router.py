@@ -69,8 +69,10 @@ class _Call:
 
 class Router:
     def __init__(self, backends: Mapping[str, Backend], default_model: str, config: RoutingConfig,
-                 metrics: Metrics, classifier: Classifier | None = None) -> None:
+                 metrics: Metrics, classifier: Classifier | None = None,
+                 embedder_threads: int = 1) -> None:
         self.backends = dict(backends)
+        self.embedder_threads = embedder_threads  # torch's, for the embeddings classifier
         self.default_model = default_model
         self.cfg = config
         self.metrics = metrics
@@ -96,7 +98,8 @@ class Router:
 
     async def start(self) -> None:
         if self.classifier is None and self.slo and self.cfg.classifier != "off":
-            self.classifier = await asyncio.to_thread(_build_classifier, self.cfg.classifier)
+            self.classifier = await asyncio.to_thread(_build_classifier, self.cfg.classifier,
+                                                      self.embedder_threads)
 
     # -- deciding -------------------------------------------------------------------
 
@@ -350,9 +353,9 @@ def _prompt_tokens(request: GenerationRequest) -> int:
     return max(1, n // 4)
 
 
-def _build_classifier(kind: str) -> Classifier:
+def _build_classifier(kind: str, embedder_threads: int = 1) -> Classifier:
     if kind == "embeddings":
         from redline.routing.classifier import EmbeddingFeatures
 
-        return Classifier(EmbeddingFeatures())
+        return Classifier(EmbeddingFeatures(embedder_threads))
     return Classifier()
