@@ -164,7 +164,7 @@ def eval_cache(args: argparse.Namespace) -> int:
     if args.threshold is not None:
         cfg = cfg.model_copy(update={"similarity_threshold": args.threshold})
     pairs = load_pairs(args.pairs)
-    sims = similarities(pairs, load_minilm(cfg.embedder_path, cfg.embedder_threads or 0))  # no engine here
+    sims = similarities(pairs, load_minilm(cfg.embedder_path, 0))  # no engine in this process
     print(report(pairs, sims, cfg, sweep=args.sweep))
     return 0
 

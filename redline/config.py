@@ -27,6 +27,13 @@ class ServerConfig(_Section):
     max_body_bytes: int = Field(1 << 20, ge=1024, description="413 above this request size")
     data_dir: str = Field(".redline", description="SQLite files and assembled models live here")
     log_level: str = "info"
+    library_threads: int | None = Field(
+        None, ge=0, description="threads that torch (the MiniLM embedder) and BLAS (numpy's "
+        "OpenBLAS: the semantic index) may use in this process; 0 = their defaults (every core); "
+        "None = 1 when a local model runs in this process, else their defaults. llama.cpp keeps "
+        "every core busy, and these libraries' idle threads spin or make its threads sleep at "
+        "barriers: measured on 2 cores, 15 % (torch) and 60 % (OpenBLAS) of batched decoding "
+        "lost, see docs/BENCHMARKS.md")
 
 
 class ModelConfig(_Section):
@@ -251,10 +258,6 @@ class CacheConfig(_Section):
     cache_sampled: bool = Field(False, description="also cache requests with temperature > 0")
     embedder_path: str | None = Field(None, description="sentence-transformers model dir; "
                                       "None: the bundled all-MiniLM-L6-v2")
-    embedder_threads: int | None = Field(
-        None, ge=0, description="torch threads for the embedder; 0 = torch's default (all cores); "
-        "None = 1 when this process runs a local model (torch's extra threads slow the embedded "
-        "llama.cpp engine, see redline/cache/embedder.py), else torch's default")
 
 
 _ARM_SAMPLING = {"temperature", "top_p", "top_k", "max_tokens", "seed"}

@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import gc
 import logging
+import os
 import time
 from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
@@ -56,6 +57,24 @@ def build_backend(cfg: ModelConfig, models_dir: Path) -> Backend:
     raise ValueError(f"backend {cfg.backend!r} is not available yet")
 
 
+def library_threads(configured: int | None, backends: Mapping[str, Backend]) -> int:
+    """How many threads torch and BLAS get in this process (0: their defaults), and BLAS
+    limited to it now. Where a local model runs, llama.cpp's threads hold every core and
+    wait for each other at each step: OpenBLAS's workers busy-wait after every call (one
+    semantic-index search every 100 ms cut the engine's batched decoding from ~240 to ~90
+    tok/s on 2 cores), and torch's OpenMP team made llama.cpp's threads sleep at barriers
+    (-15 %). One thread each costs little: ~16 instead of ~12 ms to embed a question."""
+    threads = configured
+    if threads is None:
+        threads = 1 if any(b.info.kind == "local" for b in backends.values()) else 0
+    if threads:
+        from threadpoolctl import threadpool_limits
+
+        threadpool_limits(threads, user_api="blas")  # process-wide, kept (not a context)
+        os.environ["OPENBLAS_NUM_THREADS"] = str(threads)  # a copy loaded later (scipy's)
+    return threads
+
+
 def create_app(config: RedlineConfig, backends: Mapping[str, Backend] | None = None) -> FastAPI:
     """Build the app. `backends` replaces the configured ones (tests pass fakes)."""
     metrics = Metrics(enabled=config.telemetry.metrics)
@@ -63,18 +82,13 @@ def create_app(config: RedlineConfig, backends: Mapping[str, Backend] | None = N
         models_dir = config.data_path("models", ".keep").parent
         backends = {m.name: build_backend(m, models_dir) for m in config.models}
     default = config.default_model if config.default_model in backends else next(iter(backends))
-    # torch (the embedder of the cache and of the embeddings classifier) on one thread where
-    # a local engine shares the process: see redline/cache/embedder.py
-    threads = config.cache.embedder_threads
-    if threads is None:
-        threads = 1 if any(b.info.kind == "local" for b in backends.values()) else 0
+    threads = library_threads(config.server.library_threads, backends)
     pipeline = Pipeline(backends, default, metrics,
                         router=Router(backends, default, config.routing, metrics,
                                       embedder_threads=threads))
     store = open_store(config.store.url or "memory://")  # the one store: caches, journals, ...
     if config.cache.enabled:
-        cache_cfg = config.cache.model_copy(update={"embedder_threads": threads})
-        pipeline.cache = ResponseCache(cache_cfg, store, metrics)
+        pipeline.cache = ResponseCache(config.cache, store, metrics, embedder_threads=threads)
         pipeline.observers.append(pipeline.cache)  # stores each fresh answer
     pipeline.experiments = Experiments(config.experiments, backends)  # A/B arms, before the cache
     pipeline.observers.append(pipeline.experiments.recorder)  # per-arm figures

