@@ -100,9 +100,7 @@ async def test_connection_is_reused_after_a_complete_stream(live_app: Any) -> No
     for _ in range(5):
         assert "".join([c.text async for c in b.stream(chat(3))]) == "tok tok tok"
     # read to the end of each body, every stream went back to the pool: one connection
-    connector = b._client().connector
-    assert connector is not None
-    assert sum(len(v) for v in connector._conns.values()) == 1
+    assert b.pool.opened == 1 and b.pool.idle == 1
     await b.close()
 
 

@@ -1,15 +1,16 @@
 """Any OpenAI-compatible engine (vLLM, SGLang, TGI, Ollama, llama.cpp's server, OpenAI)
-as a backend, streamed over aiohttp.
+as a backend, streamed over HTTP/1.1 keep-alive connections (backends/http1.py).
 
 Closing the stream closes the upstream response, so the engine sees its client go and
 stops generating: a client that leaves, or a hedge that loses, costs the upstream nothing
 more. Errors before the first token are raised as redline errors (BackendError is
 retryable, InvalidRequest is the user's); after it, the stream ends with an error chunk.
 
-Why aiohttp and not httpx: relaying tokens is most of a gateway's work, and per SSE
-chunk httpx (httpcore + h11 in Python, an anyio cancel scope around every read) cost
-several times what aiohttp's C parser and plain read timer do; httpcore's pool also
-scanned every pooled connection on each request (half the CPU at 64 streams).
+Why not httpx: relaying tokens is most of a gateway's work, and per SSE chunk httpx
+(httpcore + h11 in Python, an anyio cancel scope around every read) cost several times
+what a C parser and one read timer per connection do; httpcore's pool also scanned every
+pooled connection on each request (half the CPU at 64 streams). Why not aiohttp (used
+until stop 15): see backends/http1.py (trips through the event loop before the first token).
 """
 
 from __future__ import annotations
@@ -20,10 +21,10 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
-import aiohttp
-from yarl import URL
+import httptools
 
 from redline.backends.base import Backend, BackendInfo
+from redline.backends.http1 import Http1Connection, Http1Pool, UpstreamTimeout
 from redline.backends.pool import PoolBackend
 from redline.backends.sse import split_payloads
 from redline.config import ModelConfig
@@ -32,8 +33,7 @@ from redline.types import Chunk, FinishReason, GenerationRequest, StageTimings, 
 
 _FINISH: dict[str, FinishReason] = {"stop": "stop", "length": "length", "eos": "stop",
                                     "abort": "cancelled", "error": "error"}
-_TRANSPORT_ERRORS = (aiohttp.ClientError, asyncio.TimeoutError, OSError)
-_JSON = {"Content-Type": "application/json"}
+_TRANSPORT_ERRORS = (OSError, asyncio.TimeoutError, UpstreamTimeout, httptools.HttpParserError)
 
 
 class OpenAICompatBackend:
@@ -46,37 +46,22 @@ class OpenAICompatBackend:
         if not self.base.endswith("/v1"):
             self.base += "/v1"
         self.upstream_model = upstream_model or name
-        # parsed once: aiohttp would parse a str URL on every request
-        self._urls = {"chat": URL(f"{self.base}/chat/completions"),
-                      "text": URL(f"{self.base}/completions")}
-        self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         # one read timeout between chunks; the first token may take longer than later ones
-        self._timeout = aiohttp.ClientTimeout(total=None, connect=connect_timeout_s,
-                                              sock_read=max(ttft_timeout_s, read_timeout_s))
-        self._session: aiohttp.ClientSession | None = None  # made in the serving loop
+        self.pool = Http1Pool(self.base, connect_timeout_s=connect_timeout_s,
+                              read_timeout_s=max(ttft_timeout_s, read_timeout_s))
+        self._auth = f"Authorization: Bearer {api_key}\r\n".encode() if api_key else b""
         self.inflight = 0
 
     async def start(self) -> None:
         return None  # a remote engine is up or not; the breaker learns which
 
     async def close(self) -> None:
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
+        self.pool.close()
 
     def load(self) -> int:
         return self.inflight
 
-    def _client(self) -> aiohttp.ClientSession:
-        if self._session is None or self._session.closed:
-            # no connection limit here: admission control and tiers bound the load
-            self._session = aiohttp.ClientSession(
-                headers=self._headers, timeout=self._timeout,
-                connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=30.0),
-                auto_decompress=False)
-        return self._session
-
-    def _payload(self, request: GenerationRequest) -> tuple[URL, dict[str, Any]]:
+    def _payload(self, request: GenerationRequest) -> tuple[str, dict[str, Any]]:
         s = request.sampling
         body: dict[str, Any] = {"model": self.upstream_model, "stream": True,
                                 "stream_options": {"include_usage": True},
@@ -92,63 +77,86 @@ class OpenAICompatBackend:
             body["ignore_eos"] = True
         if request.messages is not None:
             body["messages"] = [{"role": m.role, "content": m.content} for m in request.messages]
-            return self._urls["chat"], body
+            return "/chat/completions", body
         body["prompt"] = request.prompt or ""
-        return self._urls["text"], body
+        return "/completions", body
 
     async def stream(self, request: GenerationRequest) -> AsyncIterator[Chunk]:
         # one generator from the socket to the chunk: every layer is a hop per token
-        url, body = self._payload(request)
+        path, body = self._payload(request)
+        data = json.dumps(body).encode()
         t0 = time.perf_counter()
         self.inflight += 1
-        response: aiohttp.ClientResponse | None = None
-        complete = False
+        conn: Http1Connection | None = None
         ttft: float | None = None
         tokens = 0
         finish: FinishReason | None = None
         tail = ""  # text that came with the finish reason; sent with the last chunk
         usage: Usage | None = None
         try:
-            try:
-                response = await self._client().post(url, data=json.dumps(body).encode(),
-                                                     headers=_JSON)
-            except _TRANSPORT_ERRORS as exc:
-                raise BackendError(f"{self.info.name}: upstream unreachable "
-                                   f"({type(exc).__name__})") from exc
-            if response.status >= 400:
-                raise await _upstream_error(self.info.name, response)
-            content = response.content
+            message = self.pool.request_head(path, len(data), self._auth) + data
+            for fresh in (False, True):
+                try:
+                    conn = await self.pool.acquire(fresh=fresh)
+                except _TRANSPORT_ERRORS as exc:
+                    raise BackendError(f"{self.info.name}: upstream unreachable "
+                                       f"({type(exc).__name__})") from exc
+                # sent from this step: no trip through the event loop before the upstream has it
+                conn.send(message)
+                try:
+                    await conn.wait()  # body bytes (or the end): the head alone wakes no one
+                    break
+                except _TRANSPORT_ERRORS as exc:
+                    conn.close()
+                    # a kept-alive connection that the upstream closed as we sent: once more
+                    # on a new one (nothing came back, so nothing was answered)
+                    if conn.uses > 1 and not conn.received and isinstance(exc, ConnectionError):
+                        continue
+                    raise BackendError(f"{self.info.name}: upstream gave no answer "
+                                       f"({type(exc).__name__})") from exc
+            assert conn is not None
+            if conn.status >= 400:
+                try:
+                    raw = conn.take()
+                    raw.append(b"" if conn.complete else await conn.read_all())
+                except _TRANSPORT_ERRORS:
+                    pass
+                raise _upstream_error(self.info.name, conn.status, b"".join(raw))
             pending = b""
             done = False
             try:
                 # after [DONE], read on to the end of the body so the connection is reused
-                while data := await content.readany():
-                    if done:
-                        continue
-                    payloads, pending = split_payloads(pending, data)
-                    for payload in payloads:
-                        if payload == b"[DONE]":
-                            done = True
-                            break
-                        event = _decode(payload)
-                        if "error" in event and not event.get("choices"):
-                            raise BackendError(f"{self.info.name}: {_message(event)}")
-                        if event.get("usage"):
-                            u = event["usage"]
-                            usage = Usage(int(u.get("prompt_tokens") or 0),
-                                          int(u.get("completion_tokens") or 0))
-                        for choice in event.get("choices") or ():
-                            text = _text(choice)
-                            reason = choice.get("finish_reason")
-                            if text:
-                                tokens += 1
-                                if ttft is None:
-                                    ttft = time.perf_counter() - t0
-                            if reason:
-                                finish = _FINISH.get(reason, "stop")
-                                tail += text
-                            elif text:
-                                yield Chunk(text=text, tokens=1)
+                while True:
+                    for received in conn.take():
+                        if done:
+                            continue
+                        payloads, pending = split_payloads(pending, received)
+                        for payload in payloads:
+                            if payload == b"[DONE]":
+                                done = True
+                                break
+                            event = _decode(payload)
+                            if "error" in event and not event.get("choices"):
+                                raise BackendError(f"{self.info.name}: {_message(event)}")
+                            if event.get("usage"):
+                                u = event["usage"]
+                                usage = Usage(int(u.get("prompt_tokens") or 0),
+                                              int(u.get("completion_tokens") or 0))
+                            for choice in event.get("choices") or ():
+                                text = _text(choice)
+                                reason = choice.get("finish_reason")
+                                if text:
+                                    tokens += 1
+                                    if ttft is None:
+                                        ttft = time.perf_counter() - t0
+                                if reason:
+                                    finish = _FINISH.get(reason, "stop")
+                                    tail += text
+                                elif text:
+                                    yield Chunk(text=text, tokens=1)
+                    if conn.complete:
+                        break
+                    await conn.wait()
             except (*_TRANSPORT_ERRORS, ValueError) as exc:  # ValueError: JSON, or a bad chunk
                 if tokens == 0:
                     raise BackendError(f"{self.info.name}: upstream stream broke "
@@ -158,17 +166,15 @@ class OpenAICompatBackend:
                 return
             end = time.perf_counter() - t0
             first = ttft if ttft is not None else end
-            complete = True
             yield Chunk(text=tail, tokens=1 if tail else 0, finish_reason=finish or "stop",
                         usage=usage or Usage(0, tokens),
                         timings=StageTimings({"prefill": first, "decode": end - first}))
         finally:
             self.inflight -= 1
-            if response is not None:
-                if complete and response.content.at_eof():
-                    response.release()  # the connection goes back to the pool
-                else:
-                    response.close()  # upstream sees the disconnect and stops
+            if conn is not None:
+                # read to its end: back to the pool; left early: closed, and the upstream,
+                # seeing the connection go, stops generating
+                self.pool.release(conn)
 
 
 _raw_decode = json.JSONDecoder().raw_decode
@@ -203,17 +209,12 @@ def _message(payload: Any) -> str:
     return str(payload)[:200]
 
 
-async def _upstream_error(name: str, response: aiohttp.ClientResponse) -> Exception:
-    try:
-        raw = await response.read()
-    except _TRANSPORT_ERRORS:
-        raw = b""
+def _upstream_error(name: str, status: int, raw: bytes) -> Exception:
     try:
         payload: Any = json.loads(raw)
     except ValueError:
         payload = raw[:200].decode("utf-8", "replace")
     msg = _message(payload)
-    status = response.status
     if status == 400:
         code = payload.get("error", {}).get("code") if isinstance(payload, dict) and isinstance(
             payload.get("error"), dict) else None
