@@ -49,6 +49,9 @@ from redline.types import GenerationRequest
 log = logging.getLogger(__name__)
 
 READER_TTL_S = 3.0  # a remote follower refreshes its mark every READER_TTL_S / 3
+# how often the owner reads which of its streams other replicas follow (a half-open first
+# connection): a store round trip from the flusher, so not at each group write
+WANTED_POLL_S = 0.2
 POLL_MIN_S, POLL_MAX_S = 0.002, 0.05  # journal polling backoff for remote followers
 
 
@@ -141,11 +144,16 @@ class StreamManager:
         `journal_flush_s` with the new events of the streams that need them (see the
         module's docstring); a new stream's first write opens its meta, a finished
         one's last write records its length."""
+        loop = asyncio.get_running_loop()
+        ask_every = max(self.cfg.journal_flush_s, WANTED_POLL_S)
+        next_ask = 0.0
         while self._journaling:
-            for stream_id in await self.journal.take_wanted(self.owner):
-                wanted = self._journaling.get(stream_id)
-                if wanted is not None:
-                    wanted.wanted = True
+            if loop.time() >= next_ask:  # a store round trip: not at every group write
+                next_ask = loop.time() + ask_every
+                for stream_id in await self.journal.take_wanted(self.owner):
+                    wanted = self._journaling.get(stream_id)
+                    if wanted is not None:
+                        wanted.wanted = True
             appends: list[tuple[str, list[bytes]]] = []
             metas: list[tuple[str, StreamMeta]] = []
             taken: list[tuple[LiveStream, int, bool]] = []
