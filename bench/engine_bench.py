@@ -53,10 +53,11 @@ def bench_venv() -> Path:
     return py
 
 
-def start_redline(tmp: Path, prefix_reuse: bool = True,
-                  weights: str = "auto") -> tuple[subprocess.Popen[bytes], str]:
+def start_redline(tmp: Path, prefix_reuse: bool = True, weights: str = "auto",
+                  server: dict[str, object] | None = None) -> tuple[subprocess.Popen[bytes], str]:
+    """A `redline serve` on the bundled SmolLM2; `server`: more settings of its server section."""
     port = free_port()
-    cfg = {"server": {"port": port, "data_dir": str(tmp / f"data-{port}")},
+    cfg = {"server": {"port": port, "data_dir": str(tmp / f"data-{port}"), **(server or {})},
            "models": [{"name": MODEL, "bundled": MODEL, "n_seq_max": 8, "n_ctx": 2048,
                        "prefix_reuse": prefix_reuse, "weights": weights}],
            "streams": {"resume_grace_s": 0}}

@@ -29,13 +29,11 @@ import time
 from pathlib import Path
 
 import aiohttp
-import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from engine_bench import MODEL, body_maker  # noqa: E402  (bench/ is on the path)
-from routing_common import free_port, wait_up  # noqa: E402
+from engine_bench import MODEL, body_maker, start_redline  # noqa: E402  (bench/ is on the path)
 
 from redline.bench.loadgen import Target, run_closed  # noqa: E402
 from redline.bench.report import summarize  # noqa: E402
@@ -57,20 +55,9 @@ def questions(n: int) -> list[str]:
 
 
 def start(tmp: Path, threads: int | None) -> tuple[subprocess.Popen[bytes], str]:
-    port = free_port()
-    server: dict[str, object] = {"port": port, "data_dir": str(tmp / f"data-{port}")}
-    if threads is not None:
-        server["library_threads"] = threads
-    cfg = {"server": server,
-           "models": [{"name": MODEL, "bundled": MODEL, "n_seq_max": 8, "n_ctx": 2048}],
-           "streams": {"resume_grace_s": 0}}
-    path = tmp / f"redline-{port}.yaml"
-    path.write_text(yaml.safe_dump(cfg))
-    proc = subprocess.Popen([sys.executable, "-m", "redline.cli", "serve", "--config", str(path)],
-                            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
-    wait_up(url, "/readyz", timeout=300)
-    return proc, url
+    # the shipped Q4_1 file (the figure in docs/BENCHMARKS.md was measured on it)
+    return start_redline(tmp, weights="as-shipped",
+                         server=None if threads is None else {"library_threads": threads})
 
 
 def ask_body(question: str, max_tokens: int = 4) -> dict[str, object]:
