@@ -157,6 +157,27 @@ async def test_a_pooled_connection_the_upstream_closed_is_not_reused() -> None:
     server.close()
 
 
+@pytest.mark.parametrize("whole", [False, True])
+async def test_a_body_cut_short_of_its_length(whole: bool) -> None:
+    """Cut before [DONE]: an error, not an end. Cut after it: the answer was whole."""
+    body = sse("one") + sse("two", "stop") + b"data: [DONE]\n\n" if whole else sse("one") + sse("two")
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: %d\r\n\r\n"
+                     % (len(body) + 100) + body)  # promised 100 bytes more than it sends
+        await writer.drain()
+        writer.close()
+
+    server, url = await serve(handler)
+    b = OpenAICompatBackend("m", url)
+    chunks = [c async for c in b.stream(chat())]
+    assert chunks[0].text == "one"
+    assert chunks[-1].finish_reason == ("stop" if whole else "error")
+    assert b.pool.idle == 0
+    server.close()
+
+
 async def test_closed_mid_stream_after_tokens_ends_with_an_error_chunk() -> None:
     async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await read_request(reader)

@@ -48,6 +48,7 @@ class Http1Connection(asyncio.Protocol):
         self.complete = False
         self.keep_alive = False
         self.received = False  # any byte of this response
+        self.framed = False  # Content-Length or chunked: else the body ends with the connection
         self.error: BaseException | None = None
         self._body: list[bytes] = []
 
@@ -72,7 +73,7 @@ class Http1Connection(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
         if not self.complete and self.error is None:
-            if self.head_done and not self.keep_alive:
+            if self.head_done and not self.framed:
                 self.complete = True  # a body delimited by the connection's end
             else:
                 self.error = exc or UpstreamClosed("the upstream closed the connection")
@@ -80,6 +81,10 @@ class Http1Connection(asyncio.Protocol):
         self._wake()
 
     # -- httptools callbacks --------------------------------------------------
+    def on_header(self, name: bytes, value: bytes) -> None:
+        if name.lower() in (b"content-length", b"transfer-encoding"):
+            self.framed = True
+
     def on_headers_complete(self) -> None:
         self.status = self._parser.get_status_code()
         self.keep_alive = self._parser.should_keep_alive()

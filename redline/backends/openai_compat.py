@@ -156,7 +156,12 @@ class OpenAICompatBackend:
                                     yield Chunk(text=text, tokens=1)
                     if conn.complete:
                         break
-                    await conn.wait()
+                    try:
+                        await conn.wait()
+                    except _TRANSPORT_ERRORS:
+                        if done:  # the stream was whole; only its connection is not reusable
+                            break
+                        raise
             except (*_TRANSPORT_ERRORS, ValueError) as exc:  # ValueError: JSON, or a bad chunk
                 if tokens == 0:
                     raise BackendError(f"{self.info.name}: upstream stream broke "
