@@ -13,7 +13,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from redline.backends.base import Backend
 from redline.cache import CachedAnswer, Lookup, ResponseCache
@@ -68,6 +68,16 @@ class Pipeline:
         self.cache: ResponseCache | None = None  # set by create_app; looked up before routing
         self.experiments: Experiments | None = None  # set by create_app; assigns A/B arms first
         self.ready = False
+        # labelled metric children, looked up once: prometheus_client's labels() costs more
+        # than the observation (ten of them a request)
+        self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
+
+    def _child(self, metric: Any, *labels: str) -> Any:
+        key = (id(metric), labels)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = metric.labels(*labels)
+        return child
 
     async def start(self) -> None:
         await asyncio.gather(self.router.start(), *(b.start() for b in self.backends.values()),
@@ -155,7 +165,7 @@ class Pipeline:
         req = completion.request
         labels = (completion.tier, completion.model, completion.cache)
         ttft = time.perf_counter() - req.arrival
-        self.metrics.ttft.labels(*labels).observe(ttft)
+        self._child(self.metrics.ttft, *labels).observe(ttft)
         completion.ttft_s = ttft
         status = "200"
         tokens = first.tokens
@@ -182,16 +192,16 @@ class Pipeline:
             completion.timings.seconds["total"] = e2e
             completion.status = status
             completion.output_tokens = tokens
-            self.metrics.requests.labels(status).inc()
+            self._child(self.metrics.requests, status).inc()
             if status == "200":
-                self.metrics.e2e.labels(*labels).observe(e2e)
+                self._child(self.metrics.e2e, *labels).observe(e2e)
                 if tokens > 1:
-                    self.metrics.tpot.labels(*labels).observe((e2e - ttft) / (tokens - 1))
-                self.metrics.output_tokens.labels(completion.model).inc(tokens)
+                    self._child(self.metrics.tpot, *labels).observe((e2e - ttft) / (tokens - 1))
+                self._child(self.metrics.output_tokens, completion.model).inc(tokens)
                 for stage, dt in completion.timings.seconds.items():
-                    self.metrics.stage.labels(stage).observe(dt)
+                    self._child(self.metrics.stage, stage).observe(dt)
                 if "queue" in completion.timings.seconds:
-                    self.metrics.queue.labels(completion.model).observe(
+                    self._child(self.metrics.queue, completion.model).observe(
                         completion.timings.seconds["queue"])
             for observer in self.observers:
                 try:

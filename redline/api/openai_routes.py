@@ -279,7 +279,7 @@ class _Shape:
         non-empty text, made from a template: the envelope is encoded once per stream,
         and each token costs one string escape (relaying tokens is most of a gateway's
         work)."""
-        envelope = json.dumps(self.piece(_MARK, None, include_usage), separators=(",", ":"))
+        envelope = sse.compact_json(self.piece(_MARK, None, include_usage))
         head, tail = envelope.split(json.dumps(_MARK), 1)
         tail = tail[:-1]  # the closing brace: "redline" is the envelope's last key
         escape = json.dumps
