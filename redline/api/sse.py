@@ -42,11 +42,11 @@ def expose_raw_send(app: ASGIApp) -> ASGIApp:
 
 
 # one encoder for all events: json.dumps with any non-default argument builds a new one per call
-_compact = compact_json = json.JSONEncoder(separators=(",", ":")).encode
+compact_json = json.JSONEncoder(separators=(",", ":")).encode
 
 
 def event(stream_id: str, seq: int, data: dict[str, Any] | str) -> bytes:
-    body = data if isinstance(data, str) else _compact(data)
+    body = data if isinstance(data, str) else compact_json(data)
     return f"id: {stream_id}:{seq}\ndata: {body}\n\n".encode()
 
 

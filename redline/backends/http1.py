@@ -63,7 +63,7 @@ class Http1Connection(asyncio.Protocol):
             self._parser.feed_data(data)
         except httptools.HttpParserError as exc:
             self.error = exc
-            self._close()
+            self.close()
         if self._body or self.complete or self.error is not None:
             self._wake()
 
@@ -134,9 +134,6 @@ class Http1Connection(asyncio.Protocol):
         return self.complete and self.keep_alive and not self.closed and not self._body
 
     def close(self) -> None:
-        self._close()
-
-    def _close(self) -> None:
         self._cancel_timer()
         if self.transport is not None and not self.transport.is_closing():
             self.transport.close()  # the upstream sees the connection go: it stops generating
@@ -153,7 +150,7 @@ class Http1Connection(asyncio.Protocol):
         due = self._last_rx + self.read_timeout_s
         if self.loop.time() >= due:
             self.error = UpstreamTimeout(f"no data from the upstream for {self.read_timeout_s:g} s")
-            self._close()
+            self.close()
             self._wake()
         else:
             self._timer = self.loop.call_at(due, self._check)
@@ -175,11 +172,10 @@ class Http1Pool:
             raise ValueError(f"not an http(s) URL: {base_url!r}")
         self.host = parts.hostname or "localhost"
         self.tls = parts.scheme == "https"
-        self.port = parts.port or (443 if self.tls else 80)
         default = 443 if self.tls else 80
-        self.host_header = self.host if self.port == default else f"{self.host}:{self.port}"
-        if ":" in self.host and not self.host_header.startswith("["):  # IPv6 literal
-            self.host_header = f"[{self.host}]" + ("" if self.port == default else f":{self.port}")
+        self.port = parts.port or default
+        host = f"[{self.host}]" if ":" in self.host else self.host  # an IPv6 literal
+        self.host_header = host if self.port == default else f"{host}:{self.port}"
         self.prefix = parts.path.rstrip("/")
         self.connect_timeout_s = connect_timeout_s
         self.read_timeout_s = read_timeout_s
