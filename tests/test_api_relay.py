@@ -36,6 +36,27 @@ def test_template_chunk_equals_the_encoded_dict(shape_cls, include_usage, progre
         assert (choice["delta"]["content"] if shape_cls is _ChatShape else choice["text"]) == text
 
 
+@pytest.mark.parametrize("include_usage", [False, True])
+@pytest.mark.parametrize("progress", [None, {"tokens": 0, "expected_tokens": 40, "eta_ms": None}])
+def test_template_role_chunk_equals_the_encoded_dict(include_usage, progress):
+    shape = _ChatShape("req-ab\"c", 'model "q" ü')
+    redline = None if progress is None else {"progress": progress}
+    want = json.dumps(shape.delta({"role": "assistant", "content": ""}, None, include_usage,
+                                  redline=redline), separators=(",", ":"))
+    assert shape.role(include_usage, progress) == want
+
+
+def test_templates_are_shared_across_streams_but_carry_each_streams_id_and_time():
+    first, second = _ChatShape("req-1", "m"), _ChatShape("req-2", "m")
+    second.created = first.created + 5
+    for shape in (first, second):  # the second reuses the first's template
+        got = json.loads(shape.encoder(False)("hi", None))
+        assert (got["id"], got["created"], got["model"]) == (shape.id, shape.created, "m")
+        assert json.loads(shape.role(False, None))["id"] == shape.id
+    other = _ChatShape("req-3", "n")  # another model: its own template
+    assert json.loads(other.encoder(False)("hi", None))["model"] == "n"
+
+
 class _Cycle:
     """Like uvicorn's RequestResponseCycle: it holds the scope, and send is its method."""
 

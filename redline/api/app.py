@@ -75,6 +75,28 @@ def library_threads(configured: int | None, backends: Mapping[str, Backend]) -> 
     return threads
 
 
+def otel_options() -> dict[str, object]:
+    """FastAPI traces requests natively (OpenTelemetry spans and metrics) once an
+    OpenTelemetry SDK is set up, and looks for one on every request: three provider
+    lookups on each request's path. Where none is set up when the app is made (the
+    embedded default: only the API is installed), that per-request look is turned off.
+    `opentelemetry-instrument redline serve` sets its providers first, so it keeps the
+    spans, as does FASTAPI_OTEL_AUTO_CONFIGURE=true (FastAPI sets them up at startup)."""
+    if os.getenv("FASTAPI_OTEL_AUTO_CONFIGURE", "").lower() == "true":
+        return {}
+    try:
+        from opentelemetry import metrics, trace
+        from opentelemetry._logs import get_logger_provider
+    except ImportError:
+        return {}
+    # the API's placeholders until an SDK sets real providers
+    unset = {"ProxyTracerProvider", "_ProxyMeterProvider", "ProxyLoggerProvider"}
+    providers = (trace.get_tracer_provider(), metrics.get_meter_provider(), get_logger_provider())
+    if any(type(p).__name__ not in unset for p in providers):
+        return {}
+    return {"telemetry": {"tracing": False, "metrics": False, "logs": False}}
+
+
 def create_app(config: RedlineConfig, backends: Mapping[str, Backend] | None = None) -> FastAPI:
     """Build the app. `backends` replaces the configured ones (tests pass fakes)."""
     metrics = Metrics(enabled=config.telemetry.metrics)
@@ -110,7 +132,8 @@ def create_app(config: RedlineConfig, backends: Mapping[str, Backend] | None = N
             await store.close()
 
     app = FastAPI(title="redline", version="0.1.0", lifespan=lifespan,
-                  description="Low-latency LLM serving layer, OpenAI-compatible.")
+                  description="Low-latency LLM serving layer, OpenAI-compatible.",
+                  **otel_options())
     app.state.config = config
     app.state.pipeline = pipeline
     app.state.metrics = metrics

@@ -209,15 +209,11 @@ async def _sse(c: Completion, shape: _Shape, stream_id: str, include_usage: bool
         seq += 1
         return sse.event(stream_id, seq, data)
 
-    def advanced(tokens: int) -> dict[str, Any] | None:
-        return None if progress is None else {"progress": progress.advance(tokens)}
-
     piece = shape.encoder(include_usage)  # the per-token chunk, without a dict or json.dumps
 
     try:
         if isinstance(shape, _ChatShape):
-            yield ev(shape.delta({"role": "assistant", "content": ""}, None, include_usage,
-                                 redline=advanced(0)))
+            yield ev(shape.role(include_usage, None if progress is None else progress.advance(0)))
         async for chunk in c.chunks:
             if chunk.finish_reason == "error":
                 yield ev({"error": {"message": chunk.error or "generation failed",
@@ -259,6 +255,19 @@ def _usage(c: Completion) -> dict[str, int]:
 
 
 _MARK = "\x00redline-text\x00"  # stands for the text while a template is made
+_ID_MARK, _CREATED_MARK = "\x00redline-id\x00", "\x00redline-created\x00"  # and these for theirs
+_TEMPLATES: dict[tuple[type, str, str, bool], tuple[str, str, str]] = {}
+_MAX_TEMPLATES = 256  # one per shape, kind, model and include_usage: models are few
+_ROLE_DELTA = {"role": "assistant", "content": ""}
+
+
+def _progress_json(progress: dict[str, Any] | None) -> str:
+    """`,"redline":{"progress":…}` as compact_json writes it (empty for None)."""
+    if progress is None:
+        return ""
+    eta = progress["eta_ms"]
+    return (f',"redline":{{"progress":{{"tokens":{progress["tokens"]},"expected_tokens":'
+            f'{progress["expected_tokens"]},"eta_ms":{"null" if eta is None else eta}}}}}')
 
 
 class _Shape:
@@ -274,23 +283,41 @@ class _Shape:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model,
                 "choices": choices}
 
+    def _template(self, kind: str, include_usage: bool) -> tuple[str, str, str]:
+        """A chunk's JSON in three parts, for this shape, model and include_usage (kept
+        across streams): before the id, before `created`, and the rest without the
+        closing brace ("redline" is the envelope's last key). `kind`: "piece" (a text
+        chunk, its text `_MARK`) or "role" (chat's first chunk)."""
+        key = (type(self), kind, self.model, include_usage)
+        parts = _TEMPLATES.get(key)
+        if parts is None:
+            proto = type(self).__new__(type(self))
+            proto.id, proto.created, proto.model = _ID_MARK, _CREATED_MARK, self.model  # type: ignore[assignment]
+            data = (proto.piece(_MARK, None, include_usage) if kind == "piece"
+                    else proto.delta(_ROLE_DELTA, None, include_usage))  # type: ignore[attr-defined]
+            before_id, rest = sse.compact_json(data).split(json.dumps(_ID_MARK), 1)
+            before_created, rest = rest.split(json.dumps(_CREATED_MARK), 1)
+            parts = (before_id, before_created, rest[:-1])
+            if len(_TEMPLATES) >= _MAX_TEMPLATES:
+                _TEMPLATES.clear()
+            _TEMPLATES[key] = parts
+        return parts
+
+    def _head(self, parts: tuple[str, str, str]) -> str:
+        return f"{parts[0]}{json.dumps(self.id)}{parts[1]}{self.created}"
+
     def encoder(self, include_usage: bool) -> Callable[[str, dict[str, Any] | None], str]:
         """The JSON of `piece(text, None, include_usage, {"progress": progress})` for a
-        non-empty text, made from a template: the envelope is encoded once per stream,
-        and each token costs one string escape (relaying tokens is most of a gateway's
-        work)."""
-        envelope = sse.compact_json(self.piece(_MARK, None, include_usage))
-        head, tail = envelope.split(json.dumps(_MARK), 1)
-        tail = tail[:-1]  # the closing brace: "redline" is the envelope's last key
+        non-empty text, made from a template: the envelope is encoded once per shape,
+        model and include_usage, and each token costs one string escape (relaying
+        tokens is most of a gateway's work)."""
+        parts = self._template("piece", include_usage)
+        before_text, tail = parts[2].split(json.dumps(_MARK), 1)
+        head = self._head(parts) + before_text
         escape = json.dumps
 
         def encode(text: str, progress: dict[str, Any] | None) -> str:
-            if progress is None:
-                return f"{head}{escape(text)}{tail}}}"
-            eta = progress["eta_ms"]
-            return (f'{head}{escape(text)}{tail},"redline":{{"progress":{{"tokens":'
-                    f'{progress["tokens"]},"expected_tokens":{progress["expected_tokens"]},'
-                    f'"eta_ms":{"null" if eta is None else eta}}}}}}}')
+            return f"{head}{escape(text)}{tail}{_progress_json(progress)}}}"
 
         return encode
 
@@ -320,6 +347,12 @@ class _ChatShape(_Shape):
         if redline:
             out["redline"] = redline
         return out
+
+    def role(self, include_usage: bool, progress: dict[str, Any] | None) -> str:
+        """The JSON of `delta(_ROLE_DELTA, None, include_usage, {"progress": progress})`
+        (the stream's first chunk), from a template."""
+        parts = self._template("role", include_usage)
+        return f"{self._head(parts)}{parts[2]}{_progress_json(progress)}}}"
 
     def piece(self, text: str, finish: str | None, include_usage: bool,
               redline: dict[str, Any] | None = None) -> dict[str, Any]:

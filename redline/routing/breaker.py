@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from collections.abc import Callable
+from types import TracebackType
 from typing import Any
 
 from purgatory import AsyncCircuitBreakerFactory
@@ -42,25 +42,56 @@ class Breakers:
         due = ctx.state == "half-opened" or time.time() >= (ctx.opened_at or 0) + self.ttl_s
         return not due or name in self._probing
 
-    @asynccontextmanager
-    async def guard(self, name: str) -> AsyncIterator[None]:
-        """Wrap the part of a call that decides success (up to the first token).
-        Raises BackendError at once when the breaker is open."""
-        brk = self._breakers.get(name)
+    def guard(self, name: str) -> _Guard:
+        """Wrap the part of a call that decides success (up to the first token):
+        `async with breakers.guard(name):`. Raises BackendError at once when the breaker
+        is open."""
+        return _Guard(self, name)
+
+
+class _Guard:
+    """Breakers.guard's context manager, as a class: it is on every request's path to
+    its upstream, and @asynccontextmanager costs a generator and a wrapper per use."""
+
+    __slots__ = ("breakers", "name", "brk", "was_open", "probe")
+
+    def __init__(self, breakers: Breakers, name: str) -> None:
+        self.breakers, self.name = breakers, name
+        self.brk: Any = None
+        self.was_open = self.probe = False
+
+    async def __aenter__(self) -> None:
+        b, name = self.breakers, self.name
+        brk = b._breakers.get(name)
         if brk is None:
-            brk = self._breakers[name] = await self._factory.get_breaker(name)
-        was_open = brk.context.state == "opened"
-        probe = brk.context.state != "closed" and name not in self._probing
-        if probe:
-            self._probing.add(name)
+            brk = b._breakers[name] = await b._factory.get_breaker(name)
+        self.brk = brk
+        self.was_open = brk.context.state == "opened"
+        self.probe = brk.context.state != "closed" and name not in b._probing
+        if self.probe:
+            b._probing.add(name)
         try:
-            async with brk:
-                yield
+            await brk.__aenter__()
         except OpenedState as exc:
+            self._settle()
             raise BackendError(f"{name}: circuit open") from exc
+        except BaseException:
+            self._settle()
+            raise
+
+    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                        tb: TracebackType | None) -> None:
+        try:
+            await self.brk.__aexit__(exc_type, exc, tb)  # the failure that opens it raises
+        except OpenedState as opened:
+            raise BackendError(f"{self.name}: circuit open") from opened
         finally:
-            if probe:
-                self._probing.discard(name)
-            now_open = brk.context.state == "opened"
-            if self.on_change is not None and now_open != was_open:
-                self.on_change(name, now_open)
+            self._settle()
+
+    def _settle(self) -> None:
+        b, name = self.breakers, self.name
+        if self.probe:
+            b._probing.discard(name)
+        now_open = self.brk.context.state == "opened"
+        if b.on_change is not None and now_open != self.was_open:
+            b.on_change(name, now_open)

@@ -55,6 +55,7 @@ class ReplicaStats:
         self._ttfts.append(ttft_s)
         self.samples += 1
         self.last_seen = time.monotonic()
+        self.coef()  # solved here, off the next request's path (the router calls this late)
 
     def observe_tpot(self, tpot_s: float, alpha: float = 0.1) -> None:
         self.tpot_s += alpha * (tpot_s - self.tpot_s)

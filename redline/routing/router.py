@@ -271,7 +271,10 @@ class Router:
             await _aclose(it)
             raise
         t_first = time.perf_counter()
-        self.estimates.of(replica).observe_ttft(t_first - t0, load, _prompt_tokens(req))
+        # learnt after this step, which writes the first token to the client: the
+        # estimate's update (a least-squares solve) is not on that token's path
+        asyncio.get_running_loop().call_soon(
+            self.estimates.of(replica).observe_ttft, t_first - t0, load, _prompt_tokens(req))
         return Opened(_Call(replica, first, it, t_first), lambda: _aclose(it))
 
     def finish(self, tier: str, call: _Call, arrival: float, tokens: int, ok: bool) -> None:

@@ -121,6 +121,9 @@ class LengthHistory:
             seen = self._lengths.get(key)
             if seen is not None and len(seen[1]) >= MIN_SAMPLES:
                 ordered = seen[1]
+                if ordered[-1] <= max_tokens:  # the usual case: one copy
+                    rungs.append(tuple(ordered))
+                    continue
                 cut = bisect.bisect_right(ordered, max_tokens)  # longer ones clip to max_tokens
                 rungs.append(tuple(ordered[:cut]) + (max_tokens,) * (len(ordered) - cut))
         if not rungs:
