@@ -19,6 +19,7 @@ from redline.errors import InvalidRequest
 from redline.pipeline import AUTO, Completion, Pipeline
 from redline.routing.router import WouldMiss
 from redline.streams import Progress, StreamManager
+from redline.streams.live import WriteThrough
 from redline.types import Chunk, new_id
 
 router = APIRouter()
@@ -192,7 +193,9 @@ async def _serve(request: Request, *, gen_kind: str, body: Any, gen: Any) -> Res
             await events.aclose()  # closes the chunks: frees the upstream or engine sequence
             raise
         live = streams.start(stream_id, events, tenant=gen.tenant, first=first)
-        return sse.EventStream(streams.follow(live), headers=headers, first_ready=bool(first))
+        through = WriteThrough()  # the producer writes the tokens once the response is under way
+        return sse.EventStream(streams.follow(live, through=through), headers=headers,
+                               first_ready=bool(first), on_started=through.offer)
     text = []
     async for chunk in completion.chunks:
         text.append(chunk.text)

@@ -19,6 +19,7 @@ import json
 import logging
 import signal
 import time
+from collections.abc import Callable
 from types import FrameType
 from typing import Any
 
@@ -31,7 +32,7 @@ try:  # llhttp in C: a fraction of h11's cost per request and per streamed chunk
 except ImportError:  # httptools is not installed
     HttpToolsProtocol = None
 
-from redline.api.sse import HOLD_HEAD, expose_raw_send
+from redline.api.sse import HOLD_HEAD, WRITE_NOW, expose_raw_send
 from redline.config import LimitsConfig
 from redline.errors import Overloaded
 
@@ -152,6 +153,23 @@ if HttpToolsProtocol is not None:
             cycle = self.cycle
             if cycle is not None and cycle.scope is self.scope:  # not an upgrade
                 self.scope[HOLD_HEAD] = lambda: _HeldWrite(cycle).release
+                self.scope[WRITE_NOW] = _write_now(cycle)
+
+
+def _write_now(cycle: Any) -> Callable[[bytes], bool]:
+    """WRITE_NOW (see api/sse.py) for one response of uvicorn's httptools protocol: a body
+    chunk, framed as its `send` frames it, written at once. False, and nothing written,
+    unless the response is chunked and under way, and the client keeps up (its transport
+    is not paused: else `send` must wait for it to drain)."""
+
+    def write_now(chunk: bytes) -> bool:
+        if (cycle.chunked_encoding is not True or cycle.response_complete
+                or cycle.disconnected or cycle.flow.write_paused or not chunk):
+            return False
+        cycle.transport.write(b"%x\r\n%b\r\n" % (len(chunk), chunk))
+        return True
+
+    return write_now
 
 
 class _HeldWrite:

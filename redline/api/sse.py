@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
 
 from starlette.responses import Response
@@ -17,6 +17,10 @@ RAW_SEND = "redline.raw_send"
 # its next write (the response head) and send it with the one after (the first body
 # chunk); it returns a release() that sends whatever is still held
 HOLD_HEAD = "redline.hold_head"
+# where the server offers it: `write_now(chunk) -> bool` writes one body chunk of the
+# started response at once, from any task, or returns False when it must go the regular
+# way (through `send`, which waits while the client reads slowly)
+WRITE_NOW = "redline.write_now"
 
 
 def expose_raw_send(app: ASGIApp) -> ASGIApp:
@@ -33,10 +37,12 @@ def expose_raw_send(app: ASGIApp) -> ASGIApp:
         try:
             await app(scope, receive, send)
         finally:
-            # the server's send is a method of the object that holds this scope: left
-            # here, the pair is a reference cycle, garbage that only the collector frees
-            # (a 5-10 ms pause every second or so under load)
+            # the server's send is a method of the object that holds this scope (and the
+            # server's hooks close over it): left here, each is a reference cycle, garbage
+            # that only the collector frees (a 5-10 ms pause every second or so under load)
             del scope[RAW_SEND]
+            scope.pop(HOLD_HEAD, None)
+            scope.pop(WRITE_NOW, None)
 
     return with_raw_send
 
@@ -70,13 +76,18 @@ class EventStream(Response):
     media_type = "text/event-stream"
 
     def __init__(self, content: AsyncIterator[bytes], headers: Mapping[str, str] | None = None,
-                 status_code: int = 200, first_ready: bool = False) -> None:
+                 status_code: int = 200, first_ready: bool = False,
+                 on_started: Callable[[Callable[[bytes], bool]], None] | None = None) -> None:
         """`first_ready`: the first chunk is already there (the iterator yields it
         without waiting), so the response head goes out with it in one write: one
-        send() and one wake-up of the client fewer before its first token."""
+        send() and one wake-up of the client fewer before its first token.
+        `on_started`: called with the server's WRITE_NOW once the head and the first
+        chunk are out (not at all where the server has none), so that the producer of
+        the chunks can write them itself (see streams/live.py)."""
         self.body_iterator = content
         self.status_code = status_code
         self.first_ready = first_ready
+        self.on_started = on_started
         self.background = None
         self.init_headers(headers)
 
@@ -94,7 +105,10 @@ class EventStream(Response):
                 state["gone"] = True
                 task.cancel()
 
-        watcher = asyncio.get_running_loop().create_task(watch())
+        loop = asyncio.get_running_loop()
+        # with the first chunk in hand, the watcher starts after it is written (the
+        # first token's path is short); else now, for a client that leaves before it
+        watcher = None if self.first_ready else loop.create_task(watch())
         finished = False
         hold = scope.get(HOLD_HEAD) if self.first_ready else None
         release = hold() if hold is not None else None
@@ -102,11 +116,19 @@ class EventStream(Response):
             await send({"type": "http.response.start", "status": self.status_code,
                         "headers": self.raw_headers})
             body = scope.get(RAW_SEND, send)  # past the middlewares once the response started
+            first = True
             async for chunk in self.body_iterator:
                 await body({"type": "http.response.body", "body": chunk, "more_body": True})
-                if release is not None:  # sent with the head; later chunks go as they come
-                    release()
-                    release = None
+                if first:
+                    first = False
+                    if release is not None:  # sent with the head; later chunks go as they come
+                        release()
+                        release = None
+                    if watcher is None:
+                        watcher = loop.create_task(watch())
+                    write_now = scope.get(WRITE_NOW) if self.on_started is not None else None
+                    if write_now is not None:
+                        self.on_started(write_now)  # type: ignore[misc]
             finished = True
             await send({"type": "http.response.body", "body": b"", "more_body": False})
         except asyncio.CancelledError:
@@ -117,7 +139,8 @@ class EventStream(Response):
             if release is not None:
                 release()
             state["streaming"] = False
-            watcher.cancel()
+            if watcher is not None:
+                watcher.cancel()
         if not finished:
             close = getattr(self.body_iterator, "aclose", None)
             if close is not None:
