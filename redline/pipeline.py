@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -102,14 +102,18 @@ class Pipeline:
             raise ModelNotFound(f"The model `{name}` does not exist.", param="model")
         return name
 
-    async def complete(self, request: GenerationRequest) -> Completion:
+    async def complete(self, request: GenerationRequest,
+                       on_routed: Callable[[str, str], None] | None = None) -> Completion:
+        """`on_routed(model, tier)`: called while the first token is awaited (see
+        Router.open), for work that would otherwise follow it."""
         # the arm first: it may rewrite the model or sampling that everything after sees
         assigned = self.experiments.assign(request) if self.experiments is not None else None
-        completion = await self._complete(request)
+        completion = await self._complete(request, on_routed)
         completion.arm = assigned.label if assigned is not None else None
         return completion
 
-    async def _complete(self, request: GenerationRequest) -> Completion:
+    async def _complete(self, request: GenerationRequest,
+                        on_routed: Callable[[str, str], None] | None = None) -> Completion:
         cached = None
         if self.cache is not None:
             self.resolve(request.model)  # an unknown model is a 404, not a cache miss
@@ -118,7 +122,7 @@ class Pipeline:
                 return self._replay(request, cached, cached.answer)
         self.metrics.inflight.inc()
         try:
-            routed = await self.router.open(request)  # returns at the first chunk
+            routed = await self.router.open(request, on_routed)  # returns at the first chunk
         except RedlineError as exc:
             self.metrics.inflight.dec()
             self.metrics.requests.labels(f"{exc.status}").inc()

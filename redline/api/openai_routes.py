@@ -163,23 +163,32 @@ async def _serve(request: Request, *, gen_kind: str, body: Any, gen: Any) -> Res
     if jobs_routes.wants_job(body, gen, pipeline):  # tier B or "background": 202 + a job
         return await jobs_routes.accept(request, body, gen, gen_kind)
     request_id = request.headers.get("x-request-id") or gen.id
+    streams: StreamManager = request.app.state.streams
+    made: list[_StreamParts] = []  # made while the first token is awaited, if it was
+
+    def prepare(model: str, tier: str) -> None:
+        if not made:
+            made.append(_StreamParts(gen, gen_kind, body.include_usage, streams, model, tier))
+
     try:
-        completion = await pipeline.complete(gen)
+        completion = await pipeline.complete(gen, on_routed=prepare if body.stream else None)
     except WouldMiss:  # allow_background: a job now beats a first token past the budget
         response = await jobs_routes.accept(request, body, gen, gen_kind)
         response.headers["X-Redline-Degraded"] = "background"
         return response
-    shape = _ChatShape(gen.id, completion.model) if gen_kind == "chat" else _TextShape(
-        gen.id, completion.model)
     if body.stream:
+        parts = made[0] if made else None
+        if parts is None or (parts.model, parts.tier) != (completion.model, completion.tier):
+            parts = _StreamParts(gen, gen_kind, body.include_usage, streams, completion.model,
+                                 completion.tier)
+        made.append(parts)  # non-empty: a late prepare() does nothing
         stream_id = new_id("strm")
         headers = _headers(completion, request_id) | {
             "X-Redline-Stream-Id": stream_id, "Cache-Control": "no-cache",
             "X-Accel-Buffering": "no"}
         # generation runs in its own task (journalled, resumable); this response only reads
-        streams: StreamManager = request.app.state.streams
-        progress = streams.progress(gen, completion.model, completion.tier)
-        events = _sse(completion, shape, stream_id, body.include_usage, progress)
+        events = _sse(completion, parts.shape, stream_id, body.include_usage, parts.progress,
+                      parts.piece)
         # the first token is in hand: encode its events here, so that the response's
         # first write carries it. Handed to a producer task, it would wait for that task
         # to start and then for this one to wake: two trips through a busy event loop.
@@ -196,6 +205,8 @@ async def _serve(request: Request, *, gen_kind: str, body: Any, gen: Any) -> Res
         through = WriteThrough()  # the producer writes the tokens once the response is under way
         return sse.EventStream(streams.follow(live, through=through), headers=headers,
                                first_ready=bool(first), on_started=through.offer)
+    shape = _ChatShape(gen.id, completion.model) if gen_kind == "chat" else _TextShape(
+        gen.id, completion.model)
     text = []
     async for chunk in completion.chunks:
         text.append(chunk.text)
@@ -203,8 +214,24 @@ async def _serve(request: Request, *, gen_kind: str, body: Any, gen: Any) -> Res
     return JSONResponse(payload, headers=_headers(completion, request_id))
 
 
+class _StreamParts:
+    """What a streamed response takes from its model and tier: the chunk shape, its
+    per-token encoder, the progress tracker (a prediction from the length history)."""
+
+    __slots__ = ("model", "tier", "shape", "piece", "progress")
+
+    def __init__(self, gen: Any, gen_kind: str, include_usage: bool, streams: StreamManager,
+                 model: str, tier: str) -> None:
+        self.model, self.tier = model, tier
+        self.shape = _ChatShape(gen.id, model) if gen_kind == "chat" else _TextShape(gen.id, model)
+        self.piece = self.shape.encoder(include_usage)
+        self.progress = streams.progress(gen, model, tier)
+
+
 async def _sse(c: Completion, shape: _Shape, stream_id: str, include_usage: bool,
-               progress: Progress | None = None) -> AsyncIterator[bytes]:
+               progress: Progress | None = None,
+               piece: Callable[[str, dict[str, Any] | None], str] | None = None,
+               ) -> AsyncIterator[bytes]:
     seq = 0
 
     def ev(data: dict[str, Any] | str) -> bytes:
@@ -212,7 +239,8 @@ async def _sse(c: Completion, shape: _Shape, stream_id: str, include_usage: bool
         seq += 1
         return sse.event(stream_id, seq, data)
 
-    piece = shape.encoder(include_usage)  # the per-token chunk, without a dict or json.dumps
+    if piece is None:  # the per-token chunk, without a dict or json.dumps
+        piece = shape.encoder(include_usage)
 
     try:
         if isinstance(shape, _ChatShape):

@@ -16,7 +16,7 @@ import dataclasses
 import logging
 import re
 import time
-from collections.abc import AsyncIterator, Iterator, Mapping
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from dataclasses import dataclass
 
 from redline.backends.base import Backend
@@ -170,7 +170,13 @@ class Router:
 
     # -- serving --------------------------------------------------------------------
 
-    async def open(self, request: GenerationRequest) -> Routed:
+    async def open(self, request: GenerationRequest,
+                   on_routed: Callable[[str, str], None] | None = None) -> Routed:
+        """Route `request` and return at its first chunk. `on_routed(model, tier)` is
+        called with the first choice from the event loop, after this task has sent the
+        request upstream and waits: the caller's preparations (a stream's prediction,
+        its chunk template) are then not on the first token's path. The model that
+        answers may still differ (a retry, a fallback, a hedge)."""
         t0 = time.perf_counter()
         tier, candidates, _ = self.decide(request)
         if self.slo:
@@ -187,6 +193,8 @@ class Router:
                 self.metrics.degradations.labels(
                     tier, "shorten" if p.max_tokens is not None else "fastest").inc()
             route_s = time.perf_counter() - t0
+            if on_routed is not None:
+                asyncio.get_running_loop().call_soon(on_routed, p.order[0], tier)
             req = request
             if p.max_tokens is not None:
                 req = dataclasses.replace(request, sampling=dataclasses.replace(
