@@ -3,6 +3,7 @@ shedding, and the bundled model as a real local backend behind `auto`."""
 
 from __future__ import annotations
 
+import json
 import time
 from typing import Any
 
@@ -89,3 +90,20 @@ def test_auto_on_the_real_bundled_model(smol_server: Any) -> None:
     assert r.headers["x-redline-model"] == "smollm2-135m-instruct"
     assert r.headers["x-redline-tier"] == "S"
     assert r.json()["choices"][0]["message"]["content"]
+
+
+def test_a_stream_that_falls_back_is_labelled_with_the_model_that_answered() -> None:
+    # the stream's chunk template and prediction are made for the first choice while its
+    # first token is awaited; when the fallback answers, they must be the fallback's
+    broken = FakeBackend("small", ttft_s=0.01, size_rank=1, fail_rate=1.0)
+    backends = {"small": broken, "large": FakeBackend("large", ttft_s=0.01, size_rank=2)}
+    with client(create_app(config(fallbacks={"small": ["large"]}), backends)) as c:
+        wait_ready(c)
+        with c.stream("POST", "/v1/chat/completions",
+                      json=body("hi", model="small", stream=True, max_tokens=5)) as s:
+            assert s.status_code == 200
+            assert s.headers["x-redline-model"] == "large"
+            chunks = [line[6:] for line in s.iter_lines() if line.startswith("data: {")]
+        models = {json.loads(c)["model"] for c in chunks}
+        assert models == {"large"} and len(chunks) >= 5
+        assert broken.calls >= 1  # the first choice was tried first
