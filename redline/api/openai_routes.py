@@ -14,7 +14,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from redline.api import jobs_routes, sse
 from redline.api.schemas import ChatCompletionRequest, CompletionRequest
-from redline.api.tenant import tenant_of
+from redline.api.tenant import tenant_from
 from redline.errors import InvalidRequest
 from redline.pipeline import AUTO, Completion, Pipeline
 from redline.routing.router import WouldMiss
@@ -29,19 +29,25 @@ def _pipeline(request: Request) -> Pipeline:
     return request.app.state.pipeline  # type: ignore[no-any-return]
 
 
-def _tenant(request: Request) -> str:
-    return tenant_of(request)
+# the request headers the completion routes read
+_READ = (b"x-redline-tier", b"authorization", b"cache-control", b"x-request-id")
 
 
-def _tier(request: Request, body_tier: str | None) -> str | None:
-    tier = request.headers.get("x-redline-tier") or body_tier
+def _request_headers(scope: Scope) -> dict[bytes, str]:
+    """Those headers (the first of each), in one pass over the scope's: Starlette's
+    Headers searches from the start for each, and raises a KeyError for a missing one."""
+    out: dict[bytes, str] = {}
+    for name, value in scope["headers"]:
+        if name in _READ and name not in out:
+            out[name] = value.decode("latin-1")
+    return out
+
+
+def _tier(header: str | None, body_tier: str | None) -> str | None:
+    tier = header or body_tier
     if tier is not None and tier not in ("S", "A", "B", "auto"):
         raise InvalidRequest("X-Redline-Tier must be one of S, A, B, auto", param="tier")
     return tier
-
-
-def _no_cache(request: Request) -> bool:
-    return "no-cache" in request.headers.get("cache-control", "").lower()
 
 
 def _headers(c: Completion, request_id: str) -> dict[str, str]:
@@ -78,8 +84,13 @@ async def completions(body: CompletionRequest, request: Request) -> Response:
 
 async def _handle(request: Request, body: ChatCompletionRequest | CompletionRequest,
                   gen_kind: str) -> Response:
-    gen = body.to_generation(_tier(request, body.tier), _tenant(request), _no_cache(request))
-    return await _serve(request, gen_kind=gen_kind, body=body, gen=gen)
+    headers = _request_headers(request.scope)
+    gen = body.to_generation(
+        _tier(headers.get(b"x-redline-tier"), body.tier),
+        tenant_from(request.scope.get("state", {}).get("tenant"), headers.get(b"authorization", "")),
+        "no-cache" in headers.get(b"cache-control", "").lower())
+    return await _serve(request, gen_kind=gen_kind, body=body, gen=gen,
+                        request_id=headers.get(b"x-request-id"))
 
 
 class DirectRoutes:
@@ -158,11 +169,12 @@ def _handler_for(app: Any, exc: Exception) -> Callable[..., Any] | None:
     return None
 
 
-async def _serve(request: Request, *, gen_kind: str, body: Any, gen: Any) -> Response:
+async def _serve(request: Request, *, gen_kind: str, body: Any, gen: Any,
+                 request_id: str | None) -> Response:
     pipeline = _pipeline(request)
     if jobs_routes.wants_job(body, gen, pipeline):  # tier B or "background": 202 + a job
         return await jobs_routes.accept(request, body, gen, gen_kind)
-    request_id = request.headers.get("x-request-id") or gen.id
+    request_id = request_id or gen.id
     streams: StreamManager = request.app.state.streams
     made: list[_StreamParts] = []  # made while the first token is awaited, if it was
 

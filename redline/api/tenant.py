@@ -16,10 +16,15 @@ ANONYMOUS = "anonymous"
 
 
 def tenant_of(request: Request) -> str:
-    tenant = getattr(request.state, "tenant", None)
+    return tenant_from(request.scope.get("state", {}).get("tenant"),
+                       request.headers.get("authorization", ""))
+
+
+def tenant_from(tenant: str | None, authorization: str) -> str:
+    """`tenant`: what Auth set (request.state.tenant); `authorization`: the header."""
     if tenant and tenant != ANONYMOUS:
         return str(tenant)
-    scheme, _, token = request.headers.get("authorization", "").partition(" ")
+    scheme, _, token = authorization.partition(" ")
     if scheme.lower() == "bearer" and token.strip():
         return "token-" + hashlib.sha256(token.strip().encode()).hexdigest()[:24]
     return ANONYMOUS
