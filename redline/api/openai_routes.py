@@ -217,13 +217,16 @@ async def _serve(request: Request, *, gen_kind: str, body: Any, gen: Any,
         through = WriteThrough()  # the producer writes the tokens once the response is under way
         return sse.EventStream(streams.follow(live, through=through), headers=headers,
                                first_ready=bool(first), on_started=through.offer)
-    shape = _ChatShape(gen.id, completion.model) if gen_kind == "chat" else _TextShape(
-        gen.id, completion.model)
+    shape = _shape(gen_kind, gen.id, completion.model)
     text = []
     async for chunk in completion.chunks:
         text.append(chunk.text)
     payload = shape.full("".join(text), completion)
     return JSONResponse(payload, headers=_headers(completion, request_id))
+
+
+def _shape(gen_kind: str, gen_id: str, model: str) -> _Shape:
+    return _ChatShape(gen_id, model) if gen_kind == "chat" else _TextShape(gen_id, model)
 
 
 class _StreamParts:
@@ -235,7 +238,7 @@ class _StreamParts:
     def __init__(self, gen: Any, gen_kind: str, include_usage: bool, streams: StreamManager,
                  model: str, tier: str) -> None:
         self.model, self.tier = model, tier
-        self.shape = _ChatShape(gen.id, model) if gen_kind == "chat" else _TextShape(gen.id, model)
+        self.shape = _shape(gen_kind, gen.id, model)
         self.piece = self.shape.encoder(include_usage)
         self.progress = streams.progress(gen, model, tier)
 
