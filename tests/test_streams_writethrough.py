@@ -55,12 +55,19 @@ def _events(n: int) -> list[bytes]:
     return [f"id: s:{i}\ndata: {i}\n\n".encode() for i in range(1, n + 1)]
 
 
-async def test_the_producer_writes_once_the_reader_has_caught_up() -> None:
-    live, client, through = LiveStream("s"), Client(), WriteThrough()
-    events = _events(50)
+async def _started(n: int) -> tuple[LiveStream, Client, list[bytes], asyncio.Task[int]]:
+    """A stream of `n` events to come, its first pushed, and one reader that has taken
+    it, offered its write_now and sleeps."""
+    live, client = LiveStream("s"), Client()
+    events = _events(n)
     live.push(events[0])
-    reader = asyncio.create_task(_read(live, client, through))
-    await asyncio.sleep(0)  # the reader takes the first event, offers, and sleeps
+    reader = asyncio.create_task(_read(live, client, WriteThrough()))
+    await asyncio.sleep(0)
+    return live, client, events, reader
+
+
+async def test_the_producer_writes_once_the_reader_has_caught_up() -> None:
+    live, client, events, reader = await _started(50)
     for e in events[1:]:
         live.push(e)
         await asyncio.sleep(0)
@@ -71,11 +78,7 @@ async def test_the_producer_writes_once_the_reader_has_caught_up() -> None:
 
 
 async def test_a_client_that_cannot_take_a_write_gets_it_the_regular_way() -> None:
-    live, client, through = LiveStream("s"), Client(), WriteThrough()
-    events = _events(30)
-    live.push(events[0])
-    reader = asyncio.create_task(_read(live, client, through))
-    await asyncio.sleep(0)
+    live, client, events, reader = await _started(30)
     for i, e in enumerate(events[1:], 1):
         client.refuse = 10 <= i < 15  # paused for a while, then writable again
         live.push(e)
@@ -88,11 +91,7 @@ async def test_a_client_that_cannot_take_a_write_gets_it_the_regular_way() -> No
 
 
 async def test_refused_events_that_pile_up_arrive_in_one_batch_in_order() -> None:
-    live, client, through = LiveStream("s"), Client(), WriteThrough()
-    events = _events(20)
-    live.push(events[0])
-    reader = asyncio.create_task(_read(live, client, through))
-    await asyncio.sleep(0)
+    live, client, events, reader = await _started(20)
     client.refuse = True
     for e in events[1:]:  # no await between: the reader wakes once, for all of them
         live.push(e)
@@ -103,11 +102,7 @@ async def test_refused_events_that_pile_up_arrive_in_one_batch_in_order() -> Non
 
 
 async def test_a_reader_that_leaves_stops_the_writes() -> None:
-    live, client, through = LiveStream("s"), Client(), WriteThrough()
-    events = _events(10)
-    live.push(events[0])
-    reader = asyncio.create_task(_read(live, client, through))
-    await asyncio.sleep(0)
+    live, client, events, reader = await _started(10)
     live.push(events[1])
     reader.cancel()  # the client went away
     with pytest.raises(asyncio.CancelledError):
@@ -144,10 +139,7 @@ async def test_with_two_readers_each_gets_every_event_once() -> None:
 
 
 async def test_an_aborted_stream_hands_back_and_ends_the_reader() -> None:
-    live, client, through = LiveStream("s"), Client(), WriteThrough()
-    live.push(_events(1)[0])
-    reader = asyncio.create_task(_read(live, client, through))
-    await asyncio.sleep(0)
+    live, client, _, reader = await _started(1)
     live.end(aborted=True)
     await asyncio.wait_for(reader, 5)
 
