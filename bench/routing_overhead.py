@@ -12,6 +12,7 @@ priority than the load generator and the upstream, as if they had cores of their
 Usage: flock /tmp/redline-cpu.lock .venv/bin/python bench/routing_overhead.py
        .venv/bin/python bench/routing_overhead.py --tpot 0.02 --tpot-jitter 0.01 --tokens 32
        .venv/bin/python bench/routing_overhead.py --tpot 0.02 --tpot-jitter 0.01 --tokens 32 --gateway-nice -5
+       .venv/bin/python bench/routing_overhead.py --tpot 0.02 --tpot-jitter 0.01 --tokens 32 --probes 8
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ def litellm(procs: Procs, upstream: str, venv: Path, cpus: set[int] | None = Non
 
 async def run(n: int, concurrency: int, venv: Path | None, tpot: float = 0.001,
               tokens: int = 16, pin: bool = False, jitter: float = 0.0,
-              nice: int = 0) -> dict[str, object]:
+              nice: int = 0, probes: int = 0) -> dict[str, object]:
     gateway_cpus = None
     if pin:  # the load generator and the upstream on CPU 0 (children inherit it)
         os.sched_setaffinity(0, {0})
@@ -67,10 +68,21 @@ async def run(n: int, concurrency: int, venv: Path | None, tpot: float = 0.001,
             auth = {"Authorization": f"Bearer {KEY}"} if name == "litellm" else None
             await closed_loop(url, [body] * 200, concurrency, auth)  # warm up (JIT caches, pools)
             # steady state: the loop's first requests (all clients at once) are left out
-            res = await closed_loop(url, [body] * n, concurrency, auth, warmup=4 * concurrency)
+            main = closed_loop(url, [body] * n, concurrency, auth, warmup=4 * concurrency)
+            if probes and name != "direct":
+                # direct requests to the upstream at the same moments (see --probes)
+                probe = closed_loop(up, [body] * max(1, n * probes // concurrency), probes,
+                                    warmup=4 * probes)
+                res, probed = await asyncio.gather(main, probe)
+            else:
+                res, probed = await main, []
             ok = [r for r in res if r.ok]
             out[name] = {"answered": len(ok), "ttft": summary([r.ttft for r in ok]),
                          "total": summary([r.total for r in ok])}
+            if probed:
+                t, d = out[name]["ttft"], summary([r.ttft for r in probed if r.ok])  # type: ignore[index]
+                out[name]["probe"] = {"direct_ttft": d, "added_ttft_ms": {  # type: ignore[index]
+                    q: (t[q] - d[q]) * 1000 for q in ("p50", "p99")}}
         direct = out["direct"]["ttft"]  # type: ignore[index]
         for name in targets:
             if name != "direct":
@@ -100,10 +112,16 @@ def main() -> None:
                         "scheduler's fairness makes the busiest process (the gateway) wait "
                         "for the others; a negative nice stands in for cores of its own "
                         "(needs root)")
+    p.add_argument("--probes", type=int, default=0,
+                   help="also run this many clients straight to the upstream while each "
+                        "gateway is measured, and report the gateway's TTFT minus theirs "
+                        "(`probe`): a baseline taken at the same moments, where the separate "
+                        "direct phase meets other moments of a noisy machine (the probes "
+                        "add their streams to the load)")
     a = p.parse_args()
     venv = Path(a.litellm_venv) if a.litellm_venv else None
     print(json.dumps(asyncio.run(run(a.n, a.concurrency, venv, a.tpot, a.tokens, a.pin, a.tpot_jitter,
-                                     a.gateway_nice)), indent=2))
+                                     a.gateway_nice, a.probes)), indent=2))
 
 
 if __name__ == "__main__":
