@@ -17,34 +17,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from routing_common import Procs, free_port, session, stream_once, summary, wait_up  # noqa: E402
+from routing_common import Procs, session, stream_once, summary  # noqa: E402
 
 from redline.bench.loadgen import no_gc_pauses  # noqa: E402
-
-
-def gateway(procs: Procs, tree: Path, upstream: str, env: dict[str, str]) -> str:
-    port = free_port()
-    cfg = {"server": {"port": port, "data_dir": str(procs.tmp / f"data{port}"), "log_level": "warning"},
-           "models": [{"name": "m", "backend": "openai", "url": upstream}],
-           "cache": {"enabled": False}, "routing": {"classifier": "off"}}
-    path = procs.tmp / f"gw{port}.yaml"
-    path.write_text(yaml.safe_dump(cfg))
-    log = open(procs.tmp / f"gw{port}.log", "wb")
-    procs.procs.append(subprocess.Popen(
-        [sys.executable, "-m", "redline.cli", "serve", "--config", str(path)], cwd=tree,
-        stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "HF_HUB_OFFLINE": "1", **env}))
-    url = f"http://127.0.0.1:{port}"
-    wait_up(url)
-    return url
 
 
 async def run(a: Path, b: Path, n: int, concurrency: int, a_env: dict[str, str],
@@ -52,7 +32,9 @@ async def run(a: Path, b: Path, n: int, concurrency: int, a_env: dict[str, str],
     procs = Procs()
     try:
         up = procs.upstream(ttft=0.0, tpot=0.02, tpot_jitter=0.01)
-        urls = {"A": gateway(procs, a, up, a_env), "B": gateway(procs, b, up, b_env)}
+        models = [{"name": "m", "backend": "openai", "url": up}]
+        urls = {side: procs.gateway(models, cwd=tree, env=env, routing={"classifier": "off"})
+                for side, tree, env in (("A", a, a_env), ("B", b, b_env))}
         body = {"model": "m", "max_tokens": 32, "messages": [{"role": "user", "content": "hi"}]}
         ttfts: dict[str, list[float]] = {"A": [], "B": []}
         async with session(concurrency) as client:

@@ -54,18 +54,21 @@ class Procs:
         self.tmp = Path(tempfile.mkdtemp(prefix="redline-bench-"))
 
     def start(self, args: list[str], url: str, path: str = "/readyz",
-              cpus: set[int] | None = None, nice: int = 0) -> str:
+              cpus: set[int] | None = None, nice: int = 0, cwd: Path = ROOT,
+              env: dict[str, str] | None = None) -> str:
         """Start a server and wait for it; `cpus` pins it (threads and children too);
-        `nice` sets its scheduling priority (below 0 needs root or CAP_SYS_NICE)."""
+        `nice` sets its scheduling priority (below 0 needs root or CAP_SYS_NICE); `cwd`:
+        the source tree whose `redline` a `python -m redline...` runs; `env`: more
+        environment variables."""
         log = open(self.tmp / f"p{len(self.procs)}.log", "wb")
-        env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+        env = {**os.environ, "HF_HUB_OFFLINE": "1", **(env or {})}
 
         def setup() -> None:
             if cpus is not None:
                 os.sched_setaffinity(0, cpus)
             if nice:
                 os.setpriority(os.PRIO_PROCESS, 0, nice)
-        self.procs.append(subprocess.Popen(args, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
+        self.procs.append(subprocess.Popen(args, cwd=cwd, env=env, stdout=log, stderr=subprocess.STDOUT,
                                            preexec_fn=setup if cpus is not None or nice else None))
         wait_up(url, path)
         return url
@@ -78,14 +81,15 @@ class Procs:
         return self.start(args, f"http://127.0.0.1:{port}")
 
     def gateway(self, models: list[dict[str, Any]], cpus: set[int] | None = None,
-                nice: int = 0, **sections: Any) -> str:
+                nice: int = 0, cwd: Path = ROOT, env: dict[str, str] | None = None,
+                **sections: Any) -> str:
         port = free_port()
         cfg = {"server": {"port": port, "data_dir": str(self.tmp / f"data{port}"), "log_level": "warning"},
                "models": models, "cache": {"enabled": False}, **sections}
         path = self.tmp / f"gw{port}.yaml"
         path.write_text(yaml.safe_dump(cfg))
         return self.start([sys.executable, "-m", "redline.cli", "serve", "--config", str(path)],
-                          f"http://127.0.0.1:{port}", cpus=cpus, nice=nice)
+                          f"http://127.0.0.1:{port}", cpus=cpus, nice=nice, cwd=cwd, env=env)
 
     def stop(self) -> None:
         for p in self.procs:
