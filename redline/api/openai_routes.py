@@ -87,7 +87,7 @@ async def _handle(request: Request, body: ChatCompletionRequest | CompletionRequ
     headers = _request_headers(request.scope)
     gen = body.to_generation(
         _tier(headers.get(b"x-redline-tier"), body.tier),
-        tenant_from(request.scope.get("state", {}).get("tenant"), headers.get(b"authorization", "")),
+        tenant_from(request.scope, headers.get(b"authorization", "")),
         "no-cache" in headers.get(b"cache-control", "").lower())
     return await _serve(request, gen_kind=gen_kind, body=body, gen=gen,
                         request_id=headers.get(b"x-request-id"))

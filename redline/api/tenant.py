@@ -11,17 +11,19 @@ from __future__ import annotations
 import hashlib
 
 from starlette.requests import Request
+from starlette.types import Scope
 
 ANONYMOUS = "anonymous"
 
 
 def tenant_of(request: Request) -> str:
-    return tenant_from(request.scope.get("state", {}).get("tenant"),
-                       request.headers.get("authorization", ""))
+    return tenant_from(request.scope, request.headers.get("authorization", ""))
 
 
-def tenant_from(tenant: str | None, authorization: str) -> str:
-    """`tenant`: what Auth set (request.state.tenant); `authorization`: the header."""
+def tenant_from(scope: Scope, authorization: str) -> str:
+    """The same, from the scope (where Auth put the key's tenant) and the Authorization
+    header's value, for a caller that has read the headers already."""
+    tenant = scope.get("state", {}).get("tenant")
     if tenant and tenant != ANONYMOUS:
         return str(tenant)
     scheme, _, token = authorization.partition(" ")
