@@ -79,23 +79,30 @@ class Auth:
             return self.protect_ops
         return path.startswith("/v1/") or path == "/v1"
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
+    def check(self, scope: Scope) -> AuthenticationFailed | None:
+        """Put the caller's tenant and key in the scope's state, or the error to answer
+        where the path needs a key and the request has no valid one."""
         state = scope.setdefault("state", {})
         token = bearer(scope.get("headers", ()))
         key = self.keys.find(token) if token and self.keys else None
         if key is None and self._needs_key(scope["path"]):
             if token is None:
-                msg = ("You didn't provide an API key. You need to provide your API key in an "
-                       "Authorization header using Bearer auth (i.e. Authorization: Bearer YOUR_KEY).")
-            else:
-                msg = "Incorrect API key provided."
-            await send_error(send, AuthenticationFailed(msg), headers=[(b"www-authenticate", b"Bearer")])
-            return
+                return AuthenticationFailed(
+                    "You didn't provide an API key. You need to provide your API key in an "
+                    "Authorization header using Bearer auth (i.e. Authorization: Bearer YOUR_KEY).")
+            return AuthenticationFailed("Incorrect API key provided.")
         state["tenant"] = key.name if key is not None else ANONYMOUS
         state["api_key"] = key
+        return None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        refused = self.check(scope)
+        if refused is not None:
+            await send_error(send, refused, headers=[(b"www-authenticate", b"Bearer")])
+            return
         await self.app(scope, receive, send)
 
 

@@ -189,23 +189,33 @@ class RateLimit:
     def __init__(self, app: ASGIApp, limiter: TenantLimiter) -> None:
         self.app, self.limiter = app, limiter
 
+    def applies(self, scope: Scope) -> bool:
+        return scope["path"].startswith("/v1/") and self.limiter.enabled
+
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or not scope["path"].startswith("/v1/") or not self.limiter.enabled:
+        if scope["type"] != "http" or not self.applies(scope):
             await self.app(scope, receive, send)
             return
+        send = await self.admit(scope, send)
+        if send is not None:
+            await self.app(scope, receive, send)
+
+    async def admit(self, scope: Scope, send: Send) -> Send | None:
+        """Charge the scope's tenant one request: None where it is over its quota (the
+        429 is sent), else the `send` that adds the x-ratelimit-* headers."""
         tenant = scope.get("state", {}).get("tenant", "anonymous")
         verdict = await self.limiter.admit(tenant)
         if not verdict.allowed:
             err = RateLimited(verdict.message, retry_after=verdict.retry_after)
             await send_error(send, err, headers=list(verdict.headers))
-            return
+            return None
 
         async def with_headers(message: Message) -> None:
             if message["type"] == "http.response.start":
                 message = {**message, "headers": [*message.get("headers", ()), *verdict.headers]}
             await send(message)
 
-        await self.app(scope, receive, with_headers)
+        return with_headers
 
 
 __all__ = ["Quota", "RateLimit", "TenantLimiter", "Verdict", "storage_url"]

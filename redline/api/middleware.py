@@ -33,9 +33,15 @@ class ReadyGate:
     def __init__(self, app: ASGIApp, is_ready: Callable[[], bool], why: Callable[[], str]) -> None:
         self.app, self.is_ready, self.why = app, is_ready, why
 
+    def check(self, scope: Scope) -> NotReady | None:
+        if scope["path"].startswith("/v1/") and not self.is_ready():
+            return NotReady(f"Server not ready: {self.why()}.", retry_after=1)
+        return None
+
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["path"].startswith("/v1/") and not self.is_ready():
-            await send_error(send, NotReady(f"Server not ready: {self.why()}.", retry_after=1))
+        refused = self.check(scope) if scope["type"] == "http" else None
+        if refused is not None:
+            await send_error(send, refused)
             return
         await self.app(scope, receive, send)
 
@@ -53,7 +59,7 @@ class BodyLimit:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        limit = self.per_path.get(scope["path"], self.limit)
+        limit = self.limit_for(scope["path"])
         length: int | None = None
         chunked = False
         for name, value in scope.get("headers", ()):
@@ -92,6 +98,9 @@ class BodyLimit:
                 await send(message)
 
         await self.app(scope, guarded_receive, guarded_send)
+
+    def limit_for(self, path: str) -> int:
+        return self.per_path.get(path, self.limit)
 
     async def _reject(self, send: Send, limit: int) -> None:
         err = PayloadTooLarge(f"Request body is larger than the limit of {limit} bytes.")
@@ -139,8 +148,25 @@ class BodyTimeout:
             await self.app(scope, timed_receive, tracking_send)
         except _BodyTimedOut:
             if not started:
-                err = RequestTimeout(f"The request body was not received within {self.timeout:g} s.")
-                await send_error(send, err, close=True)
+                await self.refuse(send)
+
+    async def read(self, receive: Receive, deadline: float) -> list[Message] | None:
+        """The request's messages up to its body's last (or a disconnect), read by
+        `deadline` (the loop's clock), else None."""
+        messages: list[Message] = []
+        try:
+            async with asyncio.timeout_at(deadline):
+                while True:
+                    message = await receive()
+                    messages.append(message)
+                    if message["type"] != "http.request" or not message.get("more_body", False):
+                        return messages
+        except TimeoutError:
+            return None
+
+    async def refuse(self, send: Send) -> None:
+        err = RequestTimeout(f"The request body was not received within {self.timeout:g} s.")
+        await send_error(send, err, close=True)
 
 
 class _BodyTimedOut(HTTPException):

@@ -128,27 +128,46 @@ class DirectRoutes:
             raw = b"".join(m.get("body", b"") for m in messages)
             body = route[0].model_validate_json(raw)
         except ValueError:  # pydantic's ValidationError is one: the regular way answers
-            await self.app(scope, _replay(messages, receive), send)
+            await self.app(scope, replay(messages, receive), send)
             return
-        request = Request(scope, receive)
-        try:
-            response = await _handle(request, body, route[1])
-        except Exception as exc:
-            handler = _handler_for(request.app, exc)
-            if handler is None:
-                raise
+        await serve_direct(scope, receive, send, body, route[1])
+
+
+async def serve_direct(scope: Scope, receive: Receive, send: Send,
+                       body: ChatCompletionRequest | CompletionRequest, gen_kind: str,
+                       outermost: bool = False) -> None:
+    """Answer a completion request whose body has validated, as its route would. An
+    exception is answered by the app's handler for it, as FastAPI's ExceptionMiddleware
+    would; `outermost` (no Starlette middleware outside: see api/fastlane.py) also
+    answers anything else with the app's `Exception` handler and raises it again, as
+    Starlette's ServerErrorMiddleware does (the server logs it)."""
+    request = Request(scope, receive)
+    try:
+        response = await _handle(request, body, gen_kind)
+    except Exception as exc:
+        handler = _handler_for(request.app, exc)
+        if handler is not None:
             response = await handler(request, exc)
-        await response(scope, receive, send)
+        elif outermost and Exception in request.app.exception_handlers:
+            await (await request.app.exception_handlers[Exception](request, exc))(scope, receive, send)
+            raise
+        else:
+            raise
+    await response(scope, receive, send)
 
 
 def _json_body(scope: Scope) -> bool:
     for name, value in scope["headers"]:
         if name == b"content-type":
-            return value.split(b";", 1)[0].strip().lower() == b"application/json"
+            return json_type(value)
     return False
 
 
-def _replay(messages: list[Message], receive: Receive) -> Receive:
+def json_type(content_type: bytes) -> bool:
+    return content_type.split(b";", 1)[0].strip().lower() == b"application/json"
+
+
+def replay(messages: list[Message], receive: Receive) -> Receive:
     pending = list(messages)
 
     async def replayed() -> Message:

@@ -32,7 +32,7 @@ try:  # llhttp in C: a fraction of h11's cost per request and per streamed chunk
 except ImportError:  # httptools is not installed
     HttpToolsProtocol = None
 
-from redline.api.sse import HOLD_HEAD, WRITE_NOW, expose_raw_send
+from redline.api.sse import BODY_IN, HOLD_HEAD, WRITE_NOW, expose_raw_send
 from redline.config import LimitsConfig
 from redline.errors import Overloaded
 
@@ -154,6 +154,7 @@ if HttpToolsProtocol is not None:
             if cycle is not None and cycle.scope is self.scope:  # not an upgrade
                 self.scope[HOLD_HEAD] = lambda: _HeldWrite(cycle).release
                 self.scope[WRITE_NOW] = _write_now(cycle)
+                self.scope[BODY_IN] = lambda: not cycle.more_body
 
 
 def _write_now(cycle: Any) -> Callable[[bytes], bool]:
@@ -252,8 +253,10 @@ def _loop() -> str:
 
 def build(app: Any, host: str, port: int, limits: LimitsConfig, log_level: str = "info") -> DrainingServer:
     """A server for `app` (made by `create_app`, which installs `app.state.inflight`)."""
+    from redline.api.fastlane import FastLane
+
     config = uvicorn.Config(
-        expose_raw_send(app), host=host, port=port, log_level=log_level, access_log=False,
+        expose_raw_send(FastLane(app)), host=host, port=port, log_level=log_level, access_log=False,
         http=protocol(limits), lifespan="on", loop=_loop(),
         timeout_keep_alive=int(max(1, limits.keep_alive_s)),
         # the drain already waited for running requests; what is left after it is cut

@@ -21,6 +21,9 @@ HOLD_HEAD = "redline.hold_head"
 # started response at once, from any task, or returns False when it must go the regular
 # way (through `send`, which waits while the client reads slowly)
 WRITE_NOW = "redline.write_now"
+# where the server offers it: `body_in() -> bool`, True once the request's whole body has
+# been received (`receive` then returns it without waiting)
+BODY_IN = "redline.body_in"
 
 
 def expose_raw_send(app: ASGIApp) -> ASGIApp:
@@ -43,6 +46,7 @@ def expose_raw_send(app: ASGIApp) -> ASGIApp:
             del scope[RAW_SEND]
             scope.pop(HOLD_HEAD, None)
             scope.pop(WRITE_NOW, None)
+            scope.pop(BODY_IN, None)
 
     return with_raw_send
 
