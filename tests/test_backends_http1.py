@@ -8,7 +8,7 @@ from collections.abc import Awaitable, Callable
 
 import pytest
 
-from redline.backends.http1 import Http1Pool, UpstreamTimeout
+from redline.backends.http1 import Http1Connection, Http1Pool, UpstreamTimeout
 from redline.backends.openai_compat import OpenAICompatBackend
 from redline.errors import BackendError
 from redline.types import GenerationRequest, Message, SamplingParams
@@ -193,3 +193,73 @@ async def test_closed_mid_stream_after_tokens_ends_with_an_error_chunk() -> None
         async for _ in OpenAICompatBackend("m", "http://127.0.0.1:9", connect_timeout_s=0.5).stream(chat()):
             pass
     server.close()
+
+
+class _Sink(asyncio.Transport):
+    def write(self, data: bytes) -> None:  # type: ignore[override]
+        pass
+
+    def is_closing(self) -> bool:
+        return False
+
+
+@pytest.mark.parametrize("relaying", [False, True])
+async def test_a_relayed_streams_wake_up_goes_behind_callbacks_that_came_with_it(relaying: bool) -> None:
+    """Past a stream's first token, its chunks wake their reader one loop pass later:
+    another request's first step, scheduled in the same pass, goes first (its first token
+    waits on it; a relayed token between two others does not notice)."""
+
+    loop = asyncio.get_running_loop()
+    conn = Http1Connection(loop, read_timeout_s=5)
+    conn.connection_made(_Sink())
+    conn.send(b"POST / HTTP/1.1\r\n\r\n")
+    conn.data_received(HEAD)
+    order: list[str] = []
+
+    async def reader() -> None:
+        await conn.wait()
+        order.append("relayed chunk")
+
+    task = asyncio.create_task(reader())
+    await asyncio.sleep(0)  # the reader waits
+    conn.relaying = relaying
+    conn.data_received(chunk(sse("x")))
+    loop.call_soon(order.append, "another request's step")  # came in the same pass
+    await task
+    await asyncio.sleep(0)
+    if relaying:
+        assert order == ["another request's step", "relayed chunk"]
+    else:
+        assert order == ["relayed chunk", "another request's step"]
+
+
+async def test_the_backend_relays_after_the_first_token_only() -> None:
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(HEAD + chunk(b'data: {"choices":[{"index":0,"delta":{"role":"assistant"}}]}\n\n'))
+        await writer.drain()
+        for text in ("a", "b"):
+            await asyncio.sleep(0.05)
+            writer.write(chunk(sse(text)))
+            await writer.drain()
+        writer.write(chunk(sse("", "stop")) + chunk(b"data: [DONE]\n\n") + b"0\r\n\r\n")
+        await writer.drain()
+
+    server, url = await serve(handler)
+    backend = OpenAICompatBackend("m", url)
+    conns: list[Http1Connection] = []
+    acquire = backend.pool.acquire
+
+    async def spy(fresh: bool = False):  # type: ignore[no-untyped-def]
+        conn = await acquire(fresh)
+        conns.append(conn)
+        return conn
+
+    backend.pool.acquire = spy  # type: ignore[method-assign]
+    relaying = []
+    async for c in backend.stream(chat()):
+        relaying.append((c.text, conns[0].relaying))
+    await backend.close()
+    server.close()
+    # the wait for the first token (after the role chunk) was at once; the next ones relayed
+    assert relaying[0] == ("a", False) and relaying[1] == ("b", True)

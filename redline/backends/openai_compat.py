@@ -156,6 +156,7 @@ class OpenAICompatBackend:
                                     yield Chunk(text=text, tokens=1)
                     if conn.complete:
                         break
+                    conn.relaying = tokens > 0
                     try:
                         await conn.wait()
                     except _TRANSPORT_ERRORS:
