@@ -47,6 +47,9 @@ _PASS_THROUGH = {("fastapi.telemetry._asgi", "ExceptionTelemetryMiddleware"),
 
 
 class FastLane:
+    """ASGI, outside the app's middleware stack (see the module's docstring); `stack` is
+    where every request it does not answer goes (the app itself)."""
+
     def __init__(self, app: Any) -> None:
         """`app`: the FastAPI app made by `create_app`, middlewares all added."""
         self.app = app
@@ -104,17 +107,17 @@ class FastLane:
         telemetry = getattr(self.app, "_native_telemetry", None)
         if telemetry is not None and telemetry.enabled():
             return False
-        json = False
+        is_json = False
         length = -1
         for name, value in scope["headers"]:
             if name == b"content-type":
-                json = json_type(value)
+                is_json = json_type(value)
             elif name == b"content-length":
                 length = int(value) if value.isdigit() else -1
             elif name == b"transfer-encoding":
                 return False
         assert self.layers is not None
-        return json and 0 <= length <= self.layers.body.limit_for(scope["path"])
+        return is_json and 0 <= length <= self.layers.body.limit_for(scope["path"])
 
 
 class _Layers:
