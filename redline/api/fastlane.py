@@ -33,8 +33,8 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from redline.api.auth import Auth
 from redline.api.limits import RateLimit
-from redline.api.middleware import BodyLimit, BodyTimeout, ReadyGate
-from redline.api.openai_routes import DirectRoutes, json_type, replay, serve_direct
+from redline.api.middleware import BodyLimit, BodyTimeout, ReadyGate, body_framing
+from redline.api.openai_routes import DirectRoutes, json_body, replay, serve_direct
 from redline.api.server import CountInflight
 from redline.api.sse import BODY_IN
 
@@ -102,22 +102,15 @@ class FastLane:
             inflight.n -= 1
 
     def _plain(self, scope: Scope) -> bool:
-        """The body is declared JSON, of a length within the limit (not chunked), and no
-        per-request layer of FastAPI's is on."""
+        """The body is declared JSON, of a length within BodyLimit's (not chunked), and
+        no per-request layer of FastAPI's is on."""
         telemetry = getattr(self.app, "_native_telemetry", None)
         if telemetry is not None and telemetry.enabled():
             return False
-        is_json = False
-        length = -1
-        for name, value in scope["headers"]:
-            if name == b"content-type":
-                is_json = json_type(value)
-            elif name == b"content-length":
-                length = int(value) if value.isdigit() else -1
-            elif name == b"transfer-encoding":
-                return False
         assert self.layers is not None
-        return is_json and 0 <= length <= self.layers.body.limit_for(scope["path"])
+        length, chunked = body_framing(scope)
+        return (not chunked and length is not None
+                and length <= self.layers.body.limit_for(scope["path"]) and json_body(scope))
 
 
 class _Layers:

@@ -27,6 +27,19 @@ async def send_error(send: Send, err: RedlineError, close: bool = False,
     await send({"type": "http.response.body", "body": body})
 
 
+def body_framing(scope: Scope) -> tuple[int | None, bool]:
+    """The request's declared body length (a Content-Length of digits, else None) and
+    whether it comes chunked (any Transfer-Encoding)."""
+    length: int | None = None
+    chunked = False
+    for name, value in scope.get("headers", ()):
+        if name == b"content-length" and value.isdigit():
+            length = int(value)
+        elif name == b"transfer-encoding":
+            chunked = True
+    return length, chunked
+
+
 class ReadyGate:
     """503 + Retry-After on /v1/* until the models are warm, and while draining."""
 
@@ -60,13 +73,7 @@ class BodyLimit:
             await self.app(scope, receive, send)
             return
         limit = self.limit_for(scope["path"])
-        length: int | None = None
-        chunked = False
-        for name, value in scope.get("headers", ()):
-            if name == b"content-length" and value.isdigit():
-                length = int(value)
-            elif name == b"transfer-encoding":
-                chunked = True
+        length, chunked = body_framing(scope)
         if length is not None and length > limit:
             await self._reject(send, limit)
             return

@@ -113,7 +113,7 @@ class DirectRoutes:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         route = self.ROUTES.get(scope["path"]) if scope["type"] == "http" else None
-        if route is None or scope["method"] != "POST" or not _json_body(scope):
+        if route is None or scope["method"] != "POST" or not json_body(scope):
             await self.app(scope, receive, send)
             return
         messages: list[Message] = []
@@ -156,15 +156,11 @@ async def serve_direct(scope: Scope, receive: Receive, send: Send,
     await response(scope, receive, send)
 
 
-def _json_body(scope: Scope) -> bool:
+def json_body(scope: Scope) -> bool:
     for name, value in scope["headers"]:
         if name == b"content-type":
-            return json_type(value)
+            return value.split(b";", 1)[0].strip().lower() == b"application/json"
     return False
-
-
-def json_type(content_type: bytes) -> bool:
-    return content_type.split(b";", 1)[0].strip().lower() == b"application/json"
 
 
 def replay(messages: list[Message], receive: Receive) -> Receive:
