@@ -158,7 +158,11 @@ def test_question_shows_skeleton_progress_and_timings(page: Any) -> None:
 def test_dropped_connection_resumes_by_itself(page: Any) -> None:
     page, proxy, server = page
     i = ask(page, "Count from 1 to 200, separated by commas.", 300, tier="A")
-    page.wait_for_function(f"window.redline.runs[{i}].tokens >= 8", timeout=60_000)
+    # an error ends the wait too, so that a failure says why (it stops the tokens)
+    page.wait_for_function(f"window.redline.runs[{i}].tokens >= 8 || window.redline.runs[{i}].error",
+                           timeout=60_000)
+    started = run_of(page, i)
+    assert started["error"] is None and started["tokens"] >= 8, started
     assert proxy.drop_all() >= 2
     page.wait_for_function(f"window.redline.runs[{i}].doneMs !== null || window.redline.runs[{i}].error",
                            timeout=60_000)
