@@ -36,11 +36,24 @@ class ServerConfig(_Section):
         "lost, see docs/BENCHMARKS.md")
 
 
+Capability = Literal["chat", "completions", "tools", "json_schema", "vision", "logprobs"]
+# a remote OpenAI-compatible engine is asked for everything: the upstream decides
+REMOTE_CAPABILITIES: frozenset[str] = frozenset(
+    ("chat", "completions", "tools", "json_schema", "vision", "logprobs"))
+# what the embedded engine can serve on a local model (grows with the engine)
+LOCAL_CAPABILITIES: frozenset[str] = frozenset(("chat", "completions"))
+
+
 class ModelConfig(_Section):
     """One model the server offers. `backend: local` runs it in the embedded engine."""
 
     name: str
     backend: Literal["local", "openai"] = "local"
+    capabilities: list[Capability] | None = Field(
+        None, description="what this model serves; a request that needs anything else is a 400 "
+        "with `param` set, and routing (`auto`, fallbacks) only picks models that have it. None: "
+        "every capability for a remote backend (the upstream decides), what the embedded engine "
+        "can serve for a local one. A base model lists no `chat`: it serves completions only")
     # local: a GGUF path, or a bundled model name (see redline.models)
     path: str | None = None
     bundled: str | None = None
@@ -80,6 +93,14 @@ class ModelConfig(_Section):
             raise ValueError(f"model {self.name!r}: an openai backend needs `url` or `urls`")
         return self
 
+    def has(self, capability: str) -> bool:
+        return capability in self.effective_capabilities()
+
+    def effective_capabilities(self) -> frozenset[str]:
+        if self.capabilities is not None:
+            return frozenset(self.capabilities)
+        return REMOTE_CAPABILITIES if self.backend == "openai" else LOCAL_CAPABILITIES
+
     def replica_urls(self) -> list[str]:
         return ([self.url] if self.url else []) + [u for u in self.urls if u != self.url]
 
@@ -90,8 +111,10 @@ def _default_models() -> list[ModelConfig]:
         # (perplexity -0.36 %, same question accuracy) and doubles prefill speed there
         ModelConfig(name="smollm2-135m-instruct", bundled="smollm2-135m-instruct", size_rank=1,
                     weights="auto"),
+        # a base model: it continues text well enough, but does not follow chat turns
         ModelConfig(
-            name="gemma3-270m", bundled="gemma3-270m", chat_template="gemma", size_rank=2
+            name="gemma3-270m", bundled="gemma3-270m", chat_template="gemma", size_rank=2,
+            capabilities=["completions"],
         ),
     ]
 
