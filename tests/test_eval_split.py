@@ -1,0 +1,95 @@
+"""The tuning/test split of the labelled data (issue 22) is fixed, disjoint, and never read
+by a tuning step."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+
+from redline.routing.classifier import Classifier
+
+ROOT = Path(__file__).resolve().parent.parent
+CACHE_TEST = ROOT / "bench" / "data" / "cache_pairs_test.tsv"
+ROUTER_TEST = ROOT / "bench" / "data" / "router_test.jsonl"
+CACHE_TUNE = (ROOT / "bench" / "data" / "cache_pairs.tsv", ROOT / "bench" / "data" / "cache_pairs_tune.tsv")
+ROUTER_TUNE = (ROOT / "redline" / "routing" / "data" / "labelled.jsonl",
+               ROOT / "redline" / "routing" / "data" / "tune.jsonl")
+TEST_PARTS = (CACHE_TEST, ROUTER_TEST)
+
+# paths opened while a `watching()` block runs; one audit hook for the whole test process
+# (audit hooks cannot be removed, so it only records while a block is active)
+_OPENED: list[list[str]] = []
+
+
+def _hook(event: str, args: tuple[object, ...]) -> None:
+    if event == "open" and _OPENED and isinstance(args[0], (str, Path)):
+        _OPENED[-1].append(str(Path(str(args[0])).resolve()))
+
+
+sys.addaudithook(_hook)
+
+
+@contextmanager
+def watching() -> Iterator[list[str]]:
+    opened: list[str] = []
+    _OPENED.append(opened)
+    try:
+        yield opened
+    finally:
+        _OPENED.remove(opened)
+
+
+def _readme_hash(name: str) -> str:
+    text = (ROOT / "README.md").read_text()
+    m = re.search(re.escape(name) + r"`[^\n]*`([0-9a-f]{64})`", text)
+    assert m, f"README.md gives no sha256 for {name}"
+    return m.group(1)
+
+
+@pytest.mark.parametrize("path", TEST_PARTS, ids=lambda p: p.name)
+def test_the_test_parts_are_the_committed_ones(path: Path) -> None:
+    digest = hashlib.sha256(path.read_bytes()).hexdigest()
+    assert digest == _readme_hash(str(path.relative_to(ROOT))), \
+        f"{path.name} changed since the split was committed: a test part is never edited"
+
+
+def _questions(path: Path) -> set[str]:
+    rows = [line.split("\t") for line in path.read_text().splitlines()[1:] if line.strip()]
+    return {" ".join(q.lower().rstrip("?").split()) for r in rows for q in r[-2:]}
+
+
+def _prompts(path: Path) -> set[str]:
+    return {json.loads(line)["text"].lower() for line in path.read_text().splitlines() if line.strip()}
+
+
+def test_the_parts_share_no_question_or_prompt() -> None:
+    tune_q = set().union(*(_questions(p) for p in CACHE_TUNE))
+    assert not _questions(CACHE_TEST) & tune_q
+    tune_p = set().union(*(_prompts(p) for p in ROUTER_TUNE))
+    assert not _prompts(ROUTER_TEST) & tune_p
+    assert len(_questions(CACHE_TEST)) >= 400 and len(_prompts(ROUTER_TEST)) >= 120
+
+
+def test_the_watch_sees_a_test_part_being_read() -> None:
+    # the check below can fail: reading a test part is seen
+    with watching() as opened:
+        CACHE_TEST.read_text()
+    assert str(CACHE_TEST) in opened
+
+
+def _assert_reads_no_test_part(step: Callable[[], object]) -> None:
+    with watching() as opened:
+        step()
+    read = {str(p) for p in TEST_PARTS} & set(opened)
+    assert not read, f"a tuning step read the test part: {read}"
+
+
+def test_training_the_classifier_reads_no_test_part() -> None:
+    _assert_reads_no_test_part(Classifier)
