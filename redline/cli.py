@@ -148,7 +148,8 @@ def precompute(args: argparse.Namespace) -> int:
 
 
 def _eval_cache_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("pairs", help="TSV: label(same|diff) kind question_a question_b")
+    p.add_argument("pairs", nargs="?", help="TSV: label(same|diff) [kind] question_a question_b; "
+                   "none: the repository's tuning part next to its test part")
     p.add_argument("--config", help="YAML config file (cache.similarity_threshold, cache.guard)")
     p.add_argument("--threshold", type=float, help="override cache.similarity_threshold")
     p.add_argument("--sweep", action="store_true", help="also print a threshold sweep")
@@ -158,14 +159,22 @@ def _eval_cache_args(p: argparse.ArgumentParser) -> None:
     _eval_cache_args)
 def eval_cache(args: argparse.Namespace) -> int:
     from redline.cache.embedder import load_minilm
-    from redline.cache.evaluate import load_pairs, report, similarities
+    from redline.cache.evaluate import TEST_PAIRS, TUNE_PAIRS, load_pairs, report, similarities, split_report
 
     cfg = load_config(args.config).cache
     if args.threshold is not None:
         cfg = cfg.model_copy(update={"similarity_threshold": args.threshold})
-    pairs = load_pairs(args.pairs)
-    sims = similarities(pairs, load_minilm(cfg.embedder_path, 0))  # no engine in this process
-    print(report(pairs, sims, cfg, sweep=args.sweep))
+    embedder = load_minilm(cfg.embedder_path, 0)  # no engine in this process
+    if args.pairs:
+        pairs = load_pairs(args.pairs)
+        print(report(pairs, similarities(pairs, embedder), cfg, sweep=args.sweep))
+        return 0
+    tune = [p for path in TUNE_PAIRS for p in load_pairs(path)]
+    test = load_pairs(TEST_PAIRS)
+    print(split_report(tune, similarities(tune, embedder), test, similarities(test, embedder), cfg))
+    if args.sweep:
+        print("\nsweep, tuning part only (thresholds are chosen here, never on the test part):")
+        print(report(tune, similarities(tune, embedder), cfg, sweep=True))
     return 0
 
 

@@ -274,10 +274,11 @@ class CacheConfig(_Section):
     ttl_s: float = Field(86400.0, gt=0, description="a cached answer is served this long")
     max_entries: int = Field(10000, ge=1, description="answers kept; the oldest go first")
     semantic: bool = Field(True, description="also serve answers to paraphrased questions")
-    similarity_threshold: float = Field(0.86, ge=0.0, le=1.0,
-                                        description="cosine similarity a semantic hit needs")
+    similarity_threshold: float = Field(0.70, ge=0.0, le=1.0,
+                                        description="cosine similarity a semantic hit needs (0.70: "
+                                        "chosen on the tuning part of the labelled pairs, issue 22)")
     guard: bool = Field(True, description="refuse semantic hits whose questions differ in numbers, "
-                        "names, negation or opposite words")
+                        "names, negation, opposite words, times, units, order or one swapped word")
     cache_sampled: bool = Field(False, description="also cache requests with temperature > 0")
     embedder_path: str | None = Field(None, description="sentence-transformers model dir; "
                                       "None: the bundled all-MiniLM-L6-v2")

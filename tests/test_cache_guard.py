@@ -40,6 +40,70 @@ def test_paraphrases_pass(a: str, b: str) -> None:
     assert allows(a, b), differences(a, b)
 
 
+# issue 22: each near-miss kind, refused in both directions, next to a paraphrase of the
+# same shape that must still pass (written apart from the labelled pairs)
+@pytest.mark.parametrize("a,b,reason,para", [
+    ("convert pounds to kilograms", "convert kilograms to pounds", "order",
+     "how do I convert pounds into kilograms"),
+    ("bus times from Oxford to Bath", "bus times from bath to oxford", "order",
+     "when do buses go from oxford to bath"),
+    ("is silver heavier than gold", "is gold heavier than silver", "order",
+     "is silver a heavier metal than gold"),
+    ("wake me up at 7 am", "wake me up at 7 pm", "time", "wake me at 7am"),
+    ("is the bakery open today", "is the bakery open tomorrow", "time",
+     "is the bakery open today?"),
+    ("yoga classes on Monday", "yoga classes on wednesday", "time", "yoga sessions on mondays"),
+    ("best things to do in paris in july", "best things to do in paris in december", "time",
+     "what to do in Paris in July"),
+    ("restaurants open tonight", "restaurants open next weekend", "time",
+     "which restaurants are open tonight"),
+    ("how many grams in a pound", "how many grams in an ounce", "units",
+     "how many grams are in one pound"),
+    ("25 degrees celsius in fahrenheit", "25 degrees kelvin in fahrenheit", "units",
+     "what is 25 °C in fahrenheit"),
+    ("an upload limit of 5 GB", "an upload limit of 5 MB", "units", "a 5gb upload limit"),
+    ("a table for 2 adults", "a table for 4 adults", "numbers", "a table for two adults"),
+    ("rent a car for three days", "rent a car for a week and three days", "units",
+     "hire a car for 3 days"),
+    ("my phone charges", "my phone won't charge", "negation", "my phone is charging"),
+    ("cake recipe with eggs", "cake recipe without eggs", "negation", "a recipe for cake with eggs"),
+    ("what's the weather in lisbon", "what's the weather in porto", "substitution",
+     "whats the weather like in Lisbon"),
+    ("how do I install pip on ubuntu", "how do I install pip on fedora", "substitution",
+     "installing pip on ubuntu"),
+    ("who invented the radio", "when was the radio invented", "question",
+     "who was the inventor of the radio"),
+    ("how do i mute a channel in slack", "how do i unmute a channel in slack", "opposites",
+     "how can i mute a slack channel"),
+])
+def test_each_near_miss_kind_is_refused_and_its_paraphrase_passes(a: str, b: str, reason: str,
+                                                                  para: str) -> None:
+    assert reason in differences(a, b), differences(a, b)
+    assert reason in differences(b, a), differences(b, a)
+    assert allows(a, para), differences(a, para)
+
+
+def test_names_are_compared_in_any_case() -> None:
+    assert "names" in differences("Who directed Inception?", "who directed interstellar?")
+    assert "names" in differences("flights to Lisbon", "flights to PORTO")
+    assert allows("flights to Lisbon", "flights to LISBON")
+
+
+def test_a_swapped_first_word_needs_a_high_similarity() -> None:
+    a, b = "how do i contact customer support", "how do i reach customer support"
+    assert "substitution" in differences(a, b)  # without a similarity: refused
+    assert allows(a, b, similarity=0.93)
+    assert not allows(a, b, similarity=0.8)
+    # a swap after the first word is refused at any similarity
+    assert not allows("clear cache in chrome", "clear cache in firefox", similarity=0.99)
+
+
+def test_symmetric_swaps_and_plain_word_order_pass() -> None:
+    assert allows("react vs vue for a small app", "vue vs react for a small app")
+    assert allows("difference between cats and dogs", "difference between dogs and cats")
+    assert allows("what language do they speak in brazil", "Brazil's official language is what?")
+
+
 def _req(*msgs: tuple[str, str], tenant: str = "t", model: str = "m",
          **sampling: object) -> GenerationRequest:
     params = SamplingParams(**{"temperature": 0.0, **sampling})  # type: ignore[arg-type]

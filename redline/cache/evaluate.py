@@ -1,8 +1,12 @@
-"""`redline eval-cache PAIRS.tsv`: how often the semantic cache would serve a right and
-a wrong answer, on labelled question pairs.
+"""`redline eval-cache [PAIRS.tsv]`: how often the semantic cache would serve a right and
+a wrong answer, on labelled question pairs. Without a file: the tuning part and the test
+part of the repository's labelled pairs side by side (README: "Labelled data").
 
-PAIRS.tsv: a header, then `label<TAB>kind<TAB>question_a<TAB>question_b`, label `same`
-(one answer fits both) or `diff` (a near miss: another number, name, negation, opposite).
+PAIRS.tsv, tab-separated, no quoting, one of:
+- a header `label<TAB>kind<TAB>question_a<TAB>question_b` (or `label<TAB>question_a<TAB>question_b`)
+  and rows of those fields;
+- no header, rows `label<TAB>question_a<TAB>question_b` (kind `-`).
+label `same` (one answer fits both) or `diff` (a near miss: another number, name, time...).
 Question A plays the cached question and B the new one; a pair is a semantic hit when
 `accepts()` (threshold + guard, exactly as served) lets B take A's answer.
 
@@ -12,8 +16,8 @@ wrong-hit rate = wrong hits / hits (GPTCache's "wrong answer on x% of hits").
 
 from __future__ import annotations
 
-import csv
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -54,15 +58,28 @@ class Scores:
         return 1.0 - self.precision
 
 
+ROOT = Path(__file__).resolve().parent.parent.parent
+TUNE_PAIRS = (ROOT / "bench" / "data" / "cache_pairs.tsv", ROOT / "bench" / "data" / "cache_pairs_tune.tsv")
+TEST_PAIRS = ROOT / "bench" / "data" / "cache_pairs_test.tsv"
+
+
 def load_pairs(path: str | Path) -> list[Pair]:
     pairs = []
-    with open(path, newline="") as f:
-        for row in csv.DictReader(f, delimiter="\t", quoting=csv.QUOTE_NONE):
-            label = row["label"].strip().lower()
-            if label not in ("same", "diff"):
-                raise ValueError(f"{path}: label must be same or diff, not {label!r}")
-            pairs.append(Pair(label == "same", row["kind"].strip(), row["question_a"].strip(),
-                              row["question_b"].strip()))
+    lines = [line for line in Path(path).read_text().splitlines() if line.strip()]
+    columns = ["label", "question_a", "question_b"]
+    if lines and lines[0].split("\t")[0].strip().lower() == "label":
+        columns = [c.strip().lower() for c in lines.pop(0).split("\t")]
+    if columns not in (["label", "kind", "question_a", "question_b"], ["label", "question_a", "question_b"]):
+        raise ValueError(f"{path}: columns must be label, [kind,] question_a, question_b")
+    for n, line in enumerate(lines, start=1):
+        fields = line.split("\t")
+        if len(fields) != len(columns):
+            raise ValueError(f"{path}: row {n} has {len(fields)} fields, not {len(columns)}")
+        row = dict(zip(columns, (f.strip() for f in fields), strict=True))
+        label = row["label"].lower()
+        if label not in ("same", "diff"):
+            raise ValueError(f"{path}: label must be same or diff, not {label!r}")
+        pairs.append(Pair(label == "same", row.get("kind", "-"), row["question_a"], row["question_b"]))
     if not pairs:
         raise ValueError(f"{path}: no pairs")
     return pairs
@@ -104,4 +121,24 @@ def report(pairs: list[Pair], sims: np.ndarray, cfg: CacheConfig, sweep: bool = 
         lines.append(f"{s.threshold:>9.2f} {'on' if s.guard else 'off':>5} {s.hits:>5} "
                      f"{s.precision:>9.3f} {s.recall:>6.3f} {s.wrong_hit_rate:>14.3f}  "
                      f"{s.wrong_by_kind or '-'}{mark}")
+    return "\n".join(lines)
+
+
+def split_report(tune: list[Pair], tune_sims: np.ndarray, test: list[Pair], test_sims: np.ndarray,
+                 cfg: CacheConfig, thresholds: Sequence[float] = (0.6, 0.8)) -> str:
+    """The tuning part's and the test part's figures side by side: the configured settings,
+    two other thresholds, and the configured threshold with the guard off."""
+    lines = [f"tuning part: {len(tune)} pairs ({sum(p.same for p in tune)} same); "
+             f"test part: {len(test)} pairs ({sum(p.same for p in test)} same)",
+             f"{'threshold':>9} {'guard':>5} | {'tune: precision':>15} {'recall':>6} {'hits':>4} | "
+             f"{'TEST: precision':>15} {'recall':>6} {'hits':>4}  test wrong hits by kind"]
+    rows = [cfg] + [cfg.model_copy(update={"similarity_threshold": t}) for t in thresholds
+                    if abs(t - cfg.similarity_threshold) > 1e-9]
+    rows.append(cfg.model_copy(update={"guard": not cfg.guard}))
+    for i, c in enumerate(rows):
+        a, b = score(tune, tune_sims, c), score(test, test_sims, c)
+        mark = "  <- configured" if i == 0 else ""
+        lines.append(f"{c.similarity_threshold:>9.2f} {'on' if c.guard else 'off':>5} | "
+                     f"{a.precision:>15.3f} {a.recall:>6.3f} {a.hits:>4} | "
+                     f"{b.precision:>15.3f} {b.recall:>6.3f} {b.hits:>4}  {b.wrong_by_kind or '-'}{mark}")
     return "\n".join(lines)

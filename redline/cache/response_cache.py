@@ -96,7 +96,7 @@ def accepts(cfg: CacheConfig, question: str, candidate: str, similarity: float) 
     """The one rule for a semantic hit (`redline eval-cache` measures exactly this)."""
     if similarity < cfg.similarity_threshold:
         return False
-    return not cfg.guard or guard.allows(question, candidate)
+    return not cfg.guard or guard.allows(question, candidate, similarity)
 
 
 class ResponseCache:
