@@ -153,6 +153,9 @@ def _eval_cache_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", help="YAML config file (cache.similarity_threshold, cache.guard)")
     p.add_argument("--threshold", type=float, help="override cache.similarity_threshold")
     p.add_argument("--sweep", action="store_true", help="also print a threshold sweep")
+    p.add_argument("--choose", type=float, metavar="PRECISION",
+                   help="the tuning step: print the lowest threshold with this precision on "
+                   "the tuning part (reads no test part)")
 
 
 @command("eval-cache", "precision, recall and wrong-hit rate of semantic hits on labelled pairs")(
@@ -165,6 +168,13 @@ def eval_cache(args: argparse.Namespace) -> int:
     if args.threshold is not None:
         cfg = cfg.model_copy(update={"similarity_threshold": args.threshold})
     embedder = load_minilm(cfg.embedder_path, 0)  # no engine in this process
+    if args.choose is not None:
+        from redline.cache.evaluate import choose_threshold
+
+        t, s = choose_threshold(cfg, embedder, args.choose)
+        print(f"threshold {t:.2f}: tuning part precision {s.precision:.3f}, recall {s.recall:.3f}"
+              f" ({s.hits} hits); set cache.similarity_threshold: {t:.2f}")
+        return 0
     if args.pairs:
         pairs = load_pairs(args.pairs)
         print(report(pairs, similarities(pairs, embedder), cfg, sweep=args.sweep))

@@ -276,7 +276,8 @@ class CacheConfig(_Section):
     semantic: bool = Field(True, description="also serve answers to paraphrased questions")
     similarity_threshold: float = Field(0.70, ge=0.0, le=1.0,
                                         description="cosine similarity a semantic hit needs (0.70: "
-                                        "chosen on the tuning part of the labelled pairs, issue 22)")
+                                        "`redline eval-cache --choose 1.0`, no wrong hit on the "
+                                        "tuning part of the labelled pairs)")
     guard: bool = Field(True, description="refuse semantic hits whose questions differ in numbers, "
                         "names, negation, opposite words, times, units, order or one swapped word")
     cache_sampled: bool = Field(False, description="also cache requests with temperature > 0")

@@ -83,6 +83,23 @@ def test_each_near_miss_kind_is_refused_and_its_paraphrase_passes(a: str, b: str
     assert allows(a, para), differences(a, para)
 
 
+@pytest.mark.parametrize("a,b,reason,para", [
+    ("tickets for 2 adults and 3 kids", "tickets for 3 adults and 2 kids", "numbers",
+     "2 adult and 3 child tickets"),
+    ("a few days in rome", "several days in rome", "numbers", "a few days in Rome"),
+    ("trade apples for oranges", "trade oranges for apples", "order", "swap apples for oranges"),
+    ("replace sugar with honey in tea", "replace honey with sugar in tea", "order",
+     "use honey instead of sugar in tea"),
+    ("foods to eat with gout", "foods to avoid with gout", "negation", "what to eat with gout"),
+    ("the 3rd book in the series", "the 4th book in the series", "numbers",
+     "the third book in the series"),
+])
+def test_counts_direction_and_implied_negation(a: str, b: str, reason: str, para: str) -> None:
+    assert reason in differences(a, b), differences(a, b)
+    assert reason in differences(b, a), differences(b, a)
+    assert allows(a, para, similarity=0.9), differences(a, para, 0.9)
+
+
 def test_names_are_compared_in_any_case() -> None:
     assert "names" in differences("Who directed Inception?", "who directed interstellar?")
     assert "names" in differences("flights to Lisbon", "flights to PORTO")

@@ -13,6 +13,9 @@ from pathlib import Path
 
 import pytest
 
+from redline.cache.embedder import HashingEmbedder
+from redline.cache.evaluate import choose_threshold, load_pairs, score, similarities
+from redline.config import CacheConfig
 from redline.routing.classifier import Classifier
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -93,3 +96,30 @@ def _assert_reads_no_test_part(step: Callable[[], object]) -> None:
 
 def test_training_the_classifier_reads_no_test_part() -> None:
     _assert_reads_no_test_part(Classifier)
+
+
+def test_choosing_the_cache_threshold_reads_no_test_part() -> None:
+    cfg = CacheConfig()
+    _assert_reads_no_test_part(lambda: choose_threshold(cfg, HashingEmbedder(), 0.9))
+
+
+# The goal is precision >= 0.98 on the test part. Measured at the default settings
+# (threshold 0.70 chosen on the tuning part, guard on): 0.977 (42 of 43 hits right), recall
+# 0.442 -- just short, so the gate holds the line where it is and the goal stays open
+# (docs/BENCHMARKS.md). Raise PRECISION_FLOOR to GOAL once a change reaches it.
+GOAL = 0.98
+PRECISION_FLOOR = 0.97
+RECALL_FLOOR = 0.40
+
+
+@pytest.mark.slow
+def test_semantic_cache_on_the_test_part_keeps_its_precision() -> None:
+    from redline.cache.embedder import load_minilm
+
+    cfg = CacheConfig()
+    pairs = load_pairs(CACHE_TEST)
+    s = score(pairs, similarities(pairs, load_minilm(None, 0)), cfg)
+    print(f"test part: precision {s.precision:.3f} (goal {GOAL}), recall {s.recall:.3f}, "
+          f"wrong hits {s.wrong_by_kind}")
+    assert s.precision >= PRECISION_FLOOR, s.wrong_by_kind
+    assert s.recall >= RECALL_FLOOR

@@ -142,3 +142,19 @@ def split_report(tune: list[Pair], tune_sims: np.ndarray, test: list[Pair], test
                      f"{a.precision:>15.3f} {a.recall:>6.3f} {a.hits:>4} | "
                      f"{b.precision:>15.3f} {b.recall:>6.3f} {b.hits:>4}  {b.wrong_by_kind or '-'}{mark}")
     return "\n".join(lines)
+
+
+def choose_threshold(cfg: CacheConfig, embedder: Embedder, min_precision: float = 0.98,
+                     tune_files: Sequence[Path] = TUNE_PAIRS) -> tuple[float, Scores]:
+    """The tuning step: the lowest threshold (most recall) whose precision on the tuning
+    part, guard as configured, is at least `min_precision`. Reads the tuning files only."""
+    pairs = [p for path in tune_files for p in load_pairs(path)]
+    sims = similarities(pairs, embedder)
+    best: tuple[float, Scores] | None = None
+    for t in np.arange(0.98, 0.499, -0.01):
+        s = score(pairs, sims, cfg.model_copy(update={"similarity_threshold": round(float(t), 2)}))
+        if s.precision >= min_precision:
+            best = (round(float(t), 2), s)
+    if best is None:
+        raise ValueError(f"no threshold reaches precision {min_precision} on the tuning part")
+    return best

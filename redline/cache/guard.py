@@ -60,12 +60,15 @@ NUMBER_WORDS |= {"thirty": "30", "forty": "40", "fifty": "50", "sixty": "60", "s
                  "eighty": "80", "ninety": "90", "hundred": "100", "thousand": "1000",
                  "million": "1000000", "billion": "1000000000", "first": "1", "second": "2",
                  "third": "3", "fourth": "4", "fifth": "5", "once": "1", "twice": "2",
-                 "single": "1", "double": "2", "triple": "3", "half": "0.5", "dozen": "12"}
+                 "single": "1", "double": "2", "triple": "3", "half": "0.5", "dozen": "12",
+                 "couple": "2", "pair": "2", "few": "few", "several": "several", "dozens": "12s",
+                 "hundreds": "100s", "thousands": "1000s", "millions": "1000000s"}
 
 NEGATIONS = {"not", "no", "never", "none", "nothing", "nobody", "nowhere", "neither", "nor",
              "without", "cannot", "cant", "dont", "doesnt", "didnt", "isnt", "arent", "wasnt",
              "werent", "wont", "wouldnt", "shouldnt", "couldnt", "hasnt", "havent", "hadnt",
-             "mustnt", "aint", "unable", "fail", "fails", "failed", "failing", "stopped"}
+             "mustnt", "aint", "unable", "fail", "fails", "failed", "failing", "stopped",
+             "avoid", "refuse", "refuses", "refused", "lack", "lacks"}
 
 _PAIRS = """
 enable disable | on off | start stop | open close | increase decrease | add remove | buy sell
@@ -92,6 +95,13 @@ mute unmute | pause resume | archive unarchive | follow unfollow | block unblock
 """.replace("\n", " | ")
 
 _PREFIXES = ("un", "dis", "de", "in", "im", "non", "ir", "il")
+
+
+def _key(word: str) -> str:
+    """stem() until it stops changing: it is not idempotent ("flossing" -> "floss" -> "flos")."""
+    while (shorter := stem(word)) != word:
+        word = shorter
+    return word
 
 
 def stem(word: str) -> str:
@@ -129,6 +139,7 @@ class Features:
     units: frozenset[str] = frozenset()
     wh: frozenset[str] = frozenset()
     content: tuple[str, ...] = ()  # stems of the words that carry the question, in order
+    counts: frozenset[tuple[str, str]] = frozenset()  # (number, the word it counts): ("2", "adult")
     links: tuple[tuple[str, str, str], ...] = ()  # (word, "to"/"from"/..., word), in order
 
 
@@ -164,15 +175,15 @@ def features(text: str) -> Features:
         if any(c.isdigit() for c in token):  # a code: A4, 2FA, SKU-123, iPhone15
             names.add(low)
             continue
-        if low in TIME_WORDS or low in UNITS or (after_number and low in UNIT_AFTER_NUMBER):
-            words.add(stem(low))  # "Monday", "GB", "25 C": times and units have their own rules
-            continue
         for part in low.split("-"):
             if part in NUMBER_WORDS:
                 numbers.add(NUMBER_WORDS[part])
         if low.endswith("n't") or low.replace("'", "") in NEGATIONS or \
                 low.startswith(("non-", "not-", "no-")):
             negated = True
+        if low in TIME_WORDS or low in UNITS or (after_number and low in UNIT_AFTER_NUMBER):
+            words.add(stem(low))  # "Monday", "GB", "25 C": times and units have their own rules
+            continue
         if len(token) >= 2 and token.isupper():  # acronyms, even first: "PDF", "USB"
             names.add(low)
         elif token[0].isupper() and token != "I" and not _starts_sentence(text, m.start()):
@@ -189,12 +200,13 @@ def features(text: str) -> Features:
     return Features(frozenset(words), frozenset(numbers), frozenset(names), negated,
                     " ".join(text.lower().replace("’", "'").split()), frozenset(times),
                     frozenset(units), frozenset(t for t in low_tokens if t in WH_WORDS),
-                    content, _links(low_tokens))
+                    content=content, links=_links(low_tokens), counts=_counts(low_tokens))
 
 
 # a number glued to a unit or am/pm: "10am", "5kg", "25mb", "1tb"
 _UNIT_CODE = re.compile(r"(\d+(?:[.,:]\d+)?)([a-z°]+)")
-_DIRECTION = {"to", "into", "from", "than", "in", "per", "towards", "onto"}
+_DIRECTION = {"to", "into", "from", "than", "in", "per", "towards", "onto", "for", "with", "by",
+              "before", "after", "over"}
 _GLUED_SUFFIXES = {"am", "pm", "st", "nd", "rd", "th", "k", "x", "s"}
 
 
@@ -273,6 +285,20 @@ def _units(tokens: list[str], text: str) -> set[str]:
     return out
 
 
+def _counts(tokens: list[str]) -> frozenset[tuple[str, str]]:
+    """Each number with the content word right after it: "2 adults and 1 child"."""
+    out = set()
+    for i, t in enumerate(tokens):
+        n = _number(t) if _NUMBER.fullmatch(t) else NUMBER_WORDS.get(t)
+        if n is None:
+            continue
+        word = next((tokens[j] for j in range(i + 1, min(i + 3, len(tokens)))
+                     if tokens[j] not in STOPWORDS and not _NUMBER.fullmatch(tokens[j])), None)
+        if word is not None:
+            out.add((n, _key(word)))
+    return frozenset(out)
+
+
 def _links(tokens: list[str]) -> tuple[tuple[str, str, str], ...]:
     """(x, word, y) for each direction word and each content word x of the three before it
     and y of the three after it, within its clause: "from boston to new york" gives
@@ -286,13 +312,13 @@ def _links(tokens: list[str]) -> tuple[tuple[str, str, str], ...]:
             if tokens[j] in _DIRECTION or len(left) == 3:
                 break
             if tokens[j] not in STOPWORDS:
-                left.append(stem(tokens[j]))
+                left.append(_key(tokens[j]))
         right: list[str] = []
         for j in range(i + 1, len(tokens)):
             if tokens[j] in _DIRECTION or len(right) == 3:
                 break
             if tokens[j] not in STOPWORDS:
-                right.append(stem(tokens[j]))
+                right.append(_key(tokens[j]))
         out += [(x, t, y) for x in left for y in right]
     return tuple(out)
 
@@ -323,8 +349,9 @@ def _missing_names(fa: Features, fb: Features) -> bool:
 
 
 def _numbers_differ(fa: Features, fb: Features) -> bool:
-    if fa.numbers == fb.numbers:
-        return False
+    if fa.numbers == fb.numbers:  # the same numbers; do they count the same things?
+        counted_a, counted_b = dict((w, n) for n, w in fa.counts), dict((w, n) for n, w in fb.counts)
+        return any(counted_b.get(w, n) != n for w, n in counted_a.items())
     # "a pound" is "one pound": a lone 1 on one side against "a"/"an" on the other
     for x, y in ((fa, fb), (fb, fa)):
         if x.numbers - y.numbers == {"1"} and y.numbers <= x.numbers and \
