@@ -188,6 +188,28 @@ def eval_cache(args: argparse.Namespace) -> int:
     return 0
 
 
+def _eval_router_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", help="YAML config file (routing.classifier, classifier_min_confidence)")
+    p.add_argument("--classifier", choices=("features", "embeddings"),
+                   help="override routing.classifier")
+    p.add_argument("--min-confidence", type=float, help="override routing.classifier_min_confidence")
+
+
+@command("eval-router", "the tier classifier: accuracy and per-class precision/recall on the "
+         "tuning part (out-of-fold) and on the test part")(_eval_router_args)
+def eval_router(args: argparse.Namespace) -> int:
+    from redline.routing.classifier import EmbeddingFeatures, text_features
+    from redline.routing.evaluate import report
+
+    cfg = load_config(args.config).routing
+    kind = args.classifier or cfg.classifier
+    featurize = EmbeddingFeatures(0) if kind == "embeddings" else text_features
+    min_confidence = cfg.classifier_min_confidence if args.min_confidence is None else args.min_confidence
+    print(f"classifier: {kind}")
+    print(report(featurize, min_confidence, cfg.classifier_default_tier)[2])
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="redline", description="low-latency LLM serving")
     sub = parser.add_subparsers(dest="command", required=True)

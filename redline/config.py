@@ -158,6 +158,12 @@ class RoutingConfig(_Section):
     tiers: dict[Literal["S", "A", "B"], TierBudget] = Field(default_factory=_default_tiers)
     classifier: Literal["features", "embeddings", "off"] = Field(
         "features", description="how `auto` picks tier and model class (off: tier S, default model)")
+    classifier_min_confidence: float = Field(
+        0.75, ge=0.0, le=1.0, description="below this calibrated confidence the classifier does "
+        "not guess: the documented rules decide the tier, else classifier_default_tier (0.75: the "
+        "best out-of-fold accuracy on the tuning part, issue 22)")
+    classifier_default_tier: Literal["S", "A", "B"] = Field(
+        "S", description="the tier when the classifier is unsure and no rule matches")
     rules: list[RouteRule] = Field(default_factory=list)
     fallbacks: dict[str, list[str]] = Field(default_factory=dict,
                                             description="model -> models to try when it fails")

@@ -123,3 +123,38 @@ def test_semantic_cache_on_the_test_part_keeps_its_precision() -> None:
           f"wrong hits {s.wrong_by_kind}")
     assert s.precision >= PRECISION_FLOOR, s.wrong_by_kind
     assert s.recall >= RECALL_FLOOR
+
+
+def test_router_on_the_test_part_reaches_the_goal() -> None:
+    # the goal: tier accuracy >= 0.9 on the test part, at the default settings
+    from redline.config import RoutingConfig
+    from redline.routing.classifier import text_features
+    from redline.routing.evaluate import report
+
+    cfg = RoutingConfig()
+    tune, test, table = report(text_features, cfg.classifier_min_confidence, cfg.classifier_default_tier)
+    print(table)
+    assert test.tier_accuracy >= 0.9
+    assert all(recall >= 0.8 for _, recall, _ in test.per_tier.values())
+
+
+def test_the_router_report_reads_the_test_part_only_to_judge(monkeypatch: pytest.MonkeyPatch) -> None:
+    # training inside the report (out-of-fold and final) reads no test part: the test file
+    # is opened once, by the report's own loader, and never by a Classifier
+    from redline.routing import evaluate
+
+    seen: list[int] = []
+    original = evaluate.Classifier
+
+    class Watched(original):  # type: ignore[misc,valid-type]
+        def __init__(self, *args: object, **kwargs: object) -> None:
+            with watching() as opened:
+                super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+            assert not {str(p) for p in TEST_PARTS} & set(opened)
+            seen.append(1)
+
+    monkeypatch.setattr(evaluate, "Classifier", Watched)
+    from redline.routing.classifier import text_features
+
+    evaluate.report(text_features, 0.75)
+    assert len(seen) == 6  # five folds and the final model

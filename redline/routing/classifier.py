@@ -2,11 +2,18 @@
 picks a tier (S chat/search, A generation, B reports and batches) and a model class
 (simple → the smallest model, complex → the largest).
 
-Two softmax regressions trained at start-up (milliseconds) on the labelled set shipped
-in `routing/data/labelled.jsonl`. Features: hashed word uni- and bigrams plus a few
-shape cues (length, code, numbers, batch words). `EmbeddingFeatures` adds the
-all-MiniLM-L6-v2 sentence embedding; `bench/routing_classifier.py` compares the two by
-cross-validation.
+Two softmax regressions trained at start-up (well under a second) on the tuning part of
+the labelled prompts: `routing/data/labelled.jsonl` and `routing/data/tune.jsonl` (the
+test part, `bench/data/router_test.jsonl`, is read only by `redline eval-router`).
+Features: hashed word uni- and bigrams plus a few shape cues (length, code, numbers, batch
+words). `EmbeddingFeatures` adds the all-MiniLM-L6-v2 sentence embedding;
+`bench/routing_classifier.py` compares the two by cross-validation.
+
+Confidence is calibrated: the tier model's logits are divided by a temperature fitted at
+start-up on out-of-fold predictions of the same tuning examples (least log-loss), so a
+confidence of 0.8 is right about 80 % of the time there. Below `min_confidence`
+(`routing.classifier_min_confidence`) the classifier does not guess: the tier comes from
+`rule_tier`, the documented rules below, and else the configured default tier.
 """
 
 from __future__ import annotations
@@ -20,8 +27,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+from threadpoolctl import threadpool_limits
 
 DATA = Path(__file__).parent / "data" / "labelled.jsonl"
+TUNE = Path(__file__).parent / "data" / "tune.jsonl"
 TIERS = ("S", "A", "B")
 DIFFICULTY = ("simple", "complex")
 _WORD = re.compile(r"[a-z0-9']+")
@@ -53,12 +62,47 @@ class Example:
 class Decision:
     tier: str
     difficulty: str
-    confidence: float  # of the tier
+    confidence: float  # of the model's tier, calibrated
+    source: str = "model"  # "rules": the model was not confident enough, rule_tier decided
+
+
+# The fallback rules, in order (first match wins):
+# - B: a batch ("each|every|all" or "these" with a number >= 20: "for each of the 300 SKUs"),
+#   or a long document ("report", "whitepaper", "handbook", "manual", "curriculum", "ebook",
+#   "documentation", "policy", "plan", "review", "study", "analysis" with "complete",
+#   "comprehensive", "full", "detailed", "in-depth", "extensive", "thorough", "entire", "whole");
+# - A: asks for something written or built ("write", "draft", "compose", "create", "generate",
+#   "implement", "design", "refactor", "debug", "rewrite", "translate", "explain", ...) or
+#   holds code;
+# - else the configured default tier.
+_BATCH = re.compile(r"\b(each|every|all)\b[^.?!]*\b\d[\d,]{1,}|\bthese\s+\d[\d,]{1,}", re.IGNORECASE)
+_LONG_DOC = re.compile(r"\b(report|white ?paper|handbook|manual|curriculum|e-?book|documentation|"
+                       r"policy|plan|review|study|analysis|specification|proposal)\b", re.IGNORECASE)
+_THOROUGH = re.compile(r"\b(complete|comprehensive|full|detailed|in-depth|extensive|thorough|"
+                       r"entire|whole|exhaustive|long-form|\d+[- ]page)\b", re.IGNORECASE)
+_MAKE = re.compile(r"\b(write|draft|compose|create|generate|implement|design|refactor|debug|rewrite|"
+                   r"translate|explain|compare|analy[sz]e|prove|derive|outline|plan|optimi[sz]e|"
+                   r"convert|build|make|suggest|list|give me)\b", re.IGNORECASE)
+_CODE = re.compile(r"[{};=<>]|def |\(\)|```")
+
+
+def rule_tier(text: str, default: str = "S") -> str:
+    """The documented fallback when the model is not confident (see the rules above)."""
+    if _BATCH.search(text) or (_LONG_DOC.search(text) and _THOROUGH.search(text)):
+        return "B"
+    if _MAKE.search(text) or _CODE.search(text):
+        return "A"
+    return default
 
 
 def load_examples(path: Path = DATA) -> list[Example]:
     rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
     return [Example(r["text"], r["tier"], r["difficulty"]) for r in rows]
+
+
+def tuning_examples() -> list[Example]:
+    """The tuning part: everything the classifier may be trained or calibrated on."""
+    return load_examples(DATA) + load_examples(TUNE)
 
 
 def shape_features(text: str) -> np.ndarray:
@@ -123,10 +167,14 @@ class Softmax:
         self.w = w
         return self
 
-    def proba(self, x: np.ndarray) -> np.ndarray:
-        assert self.w is not None, "fit first"
+    def logits(self, x: np.ndarray) -> np.ndarray:
+        if self.w is None:
+            raise RuntimeError("fit first")
         xb = np.concatenate([x, np.ones((len(x), 1), dtype=np.float32)], axis=1)
-        return _softmax(xb @ self.w)
+        return xb @ self.w
+
+    def proba(self, x: np.ndarray, temperature: float = 1.0) -> np.ndarray:
+        return _softmax(self.logits(x) / temperature)
 
 
 def _softmax(z: np.ndarray) -> np.ndarray:
@@ -137,21 +185,59 @@ def _softmax(z: np.ndarray) -> np.ndarray:
 
 class Classifier:
     def __init__(self, featurize: Callable[[Sequence[str]], np.ndarray] = text_features,
-                 examples: Sequence[Example] | None = None) -> None:
+                 examples: Sequence[Example] | None = None, *, min_confidence: float = 0.0,
+                 default_tier: str = "S", calibrate: bool = True) -> None:
         self.featurize = featurize
-        examples = list(examples) if examples is not None else load_examples()
+        self.min_confidence, self.default_tier = min_confidence, default_tier
+        examples = list(examples) if examples is not None else tuning_examples()
         x = featurize([e.text for e in examples])
-        self.tier = Softmax(TIERS).fit(x, [e.tier for e in examples])
-        self.difficulty = Softmax(DIFFICULTY).fit(x, [e.difficulty for e in examples])
+        # [~300, ~2000] matrices: BLAS threads only spin against each other (measured: one
+        # fit 0.25 s of CPU on one thread, 6 s on the default threads of a busy 2-core box)
+        with threadpool_limits(1, user_api="blas"):
+            self.tier = Softmax(TIERS).fit(x, [e.tier for e in examples])
+            self.difficulty = Softmax(DIFFICULTY).fit(x, [e.difficulty for e in examples])
+            self.temperature = fit_temperature(x, [e.tier for e in examples]) if calibrate else 1.0
 
     def classify(self, text: str) -> Decision:
         return self.classify_many([text])[0]
 
     def classify_many(self, texts: Sequence[str]) -> list[Decision]:
         x = self.featurize(texts)
-        pt, pd = self.tier.proba(x), self.difficulty.proba(x)
-        return [Decision(TIERS[int(t.argmax())], DIFFICULTY[int(d.argmax())], float(t.max()))
-                for t, d in zip(pt, pd, strict=True)]
+        pt, pd = self.tier.proba(x, self.temperature), self.difficulty.proba(x)
+        out = []
+        for text, t, d in zip(texts, pt, pd, strict=True):
+            decision = Decision(TIERS[int(t.argmax())], DIFFICULTY[int(d.argmax())], float(t.max()))
+            if decision.confidence < self.min_confidence:
+                decision = Decision(rule_tier(text, self.default_tier), decision.difficulty,
+                                    decision.confidence, "rules")
+            out.append(decision)
+        return out
+
+
+def out_of_fold_logits(x: np.ndarray, labels: Sequence[str], folds: int = 5,
+                       seed: int = 0) -> np.ndarray:
+    """[N, tiers]: each example's tier logits from a model trained without it."""
+    order = np.random.default_rng(seed).permutation(len(labels))
+    out = np.zeros((len(labels), len(TIERS)), dtype=np.float32)
+    for k in range(folds):
+        held = order[k::folds]
+        train = np.setdiff1d(order, held)
+        model = Softmax(TIERS).fit(x[train], [labels[i] for i in train])
+        out[held] = model.logits(x[held])
+    return out
+
+
+def fit_temperature(x: np.ndarray, labels: Sequence[str]) -> float:
+    """The temperature with the least log-loss on out-of-fold logits (a grid: 30 values)."""
+    logits = out_of_fold_logits(x, labels)
+    y = np.array([TIERS.index(label) for label in labels])
+    best, best_loss = 1.0, math.inf
+    for t in np.geomspace(0.2, 5.0, 30):
+        p = _softmax(logits / t)[np.arange(len(y)), y]
+        loss = float(-np.log(np.maximum(p, 1e-9)).mean())
+        if loss < best_loss:
+            best, best_loss = float(t), loss
+    return best
 
 
 def cross_validate(examples: Sequence[Example], featurize: Callable[[Sequence[str]], np.ndarray],

@@ -99,7 +99,7 @@ class Router:
     async def start(self) -> None:
         if self.classifier is None and self.slo and self.cfg.classifier != "off":
             self.classifier = await asyncio.to_thread(_build_classifier, self.cfg.classifier,
-                                                      self.embedder_threads)
+                                                      self.embedder_threads, self.cfg)
 
     # -- deciding -------------------------------------------------------------------
 
@@ -364,9 +364,13 @@ def _prompt_tokens(request: GenerationRequest) -> int:
     return max(1, n // 4)
 
 
-def _build_classifier(kind: str, embedder_threads: int = 1) -> Classifier:
+def _build_classifier(kind: str, embedder_threads: int = 1,
+                      cfg: RoutingConfig | None = None) -> Classifier:
+    min_confidence = cfg.classifier_min_confidence if cfg is not None else 0.0
+    default_tier = cfg.classifier_default_tier if cfg is not None else "S"
     if kind == "embeddings":
         from redline.routing.classifier import EmbeddingFeatures
 
-        return Classifier(EmbeddingFeatures(embedder_threads))
-    return Classifier()
+        return Classifier(EmbeddingFeatures(embedder_threads), min_confidence=min_confidence,
+                          default_tier=default_tier)
+    return Classifier(min_confidence=min_confidence, default_tier=default_tier)
