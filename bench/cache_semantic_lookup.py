@@ -1,0 +1,85 @@
+"""Semantic-hit lookup latency at a cache of N entries, in process: what a semantic hit
+costs past HTTP (embedding the question, the index search over N cached vectors, the
+near-miss guard on the best candidates, the answer's store read).
+
+    python bench/cache_semantic_lookup.py [--entries 10000] [--queries 300]
+
+Fills a ResponseCache (memory store, default settings, the bundled all-MiniLM-L6-v2 on one
+torch thread) with N answers: the tuning part's questions, then made-up ones, their vectors
+taken from the embedder for the real questions and random unit vectors for the rest (embedding
+10,000 questions would take minutes; search cost depends on N, not on the vectors). Then
+asks paraphrases of cached questions one at a time and times `lookup()`. Prints p50/p99
+over all lookups and over the semantic hits alone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import time
+
+import numpy as np
+
+from redline.cache.embedder import load_minilm
+from redline.cache.evaluate import TUNE_PAIRS, load_pairs
+from redline.cache.keys import cache_keys
+from redline.cache.response_cache import ENTRY, CachedAnswer, ResponseCache
+from redline.config import CacheConfig
+from redline.store.memory import MemoryStore
+from redline.types import GenerationRequest, Message, SamplingParams
+
+
+def request(text: str) -> GenerationRequest:
+    return GenerationRequest(model="m", sampling=SamplingParams(temperature=0.0), tenant="t",
+                             messages=(Message("user", text),))
+
+
+async def main(entries: int, queries: int) -> dict[str, float | int]:
+    cfg = CacheConfig(max_entries=entries)
+    cache = ResponseCache(cfg, MemoryStore(), embedder=load_minilm(None, 1))
+    await cache.start()
+    assert cache.index is not None
+    pairs = [p for path in TUNE_PAIRS for p in load_pairs(path) if p.same]
+    real = sorted({p.a for p in pairs})
+    vectors = dict(zip(real, load_minilm(None, 1).encode(real), strict=True))
+    rng = np.random.default_rng(0)
+    for i in range(entries):
+        text = real[i] if i < len(real) else f"made-up question number {i}"
+        if text in vectors:
+            v = vectors[text]
+        else:
+            v = rng.standard_normal(cache.index.dim).astype(np.float32)
+            v /= np.linalg.norm(v)
+        keys = cache_keys(request(text), "m")
+        answer = CachedAnswer("m", f"answer {i}", "stop", 5, 3, text, time.time())
+        await cache.store.set(ENTRY + keys.exact, answer.to_bytes(), ttl=None)
+        assert keys.partition is not None
+        await cache.index.add(keys.partition, keys.exact, text, v, ttl=None)
+    asks = [p.b for p in pairs][:queries]
+    await cache.lookup(request(asks[0]))  # warm: reads the partition into the matrix once
+    all_ms, hit_ms = [], []
+    for q in asks:
+        t0 = time.perf_counter()
+        out = await cache.lookup(request(q))
+        ms = (time.perf_counter() - t0) * 1000
+        all_ms.append(ms)
+        if out.result == "semantic":
+            hit_ms.append(ms)
+    await cache.close()
+
+    def pct(xs: list[float], q: float) -> float:
+        return float(np.percentile(xs, q)) if xs else float("nan")
+
+    return {"entries": entries, "lookups": len(all_ms), "semantic_hits": len(hit_ms),
+            "all_p50_ms": round(statistics.median(all_ms), 2), "all_p99_ms": round(pct(all_ms, 99), 2),
+            "hit_p50_ms": round(pct(hit_ms, 50), 2), "hit_p99_ms": round(pct(hit_ms, 99), 2)}
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--entries", type=int, default=10000)
+    ap.add_argument("--queries", type=int, default=300)
+    args = ap.parse_args()
+    print(json.dumps(asyncio.run(main(args.entries, args.queries))))
