@@ -64,7 +64,7 @@ def main(kind: str, pool: str) -> None:
             print(out, len(part))
     else:
         rows = [(*label.split(), text) for label, text in read_pool(pool, 2)]
-        keyed = [(f"{t} {d}", t, d, x) for t, d, x in rows]
+        keyed: list[tuple[str, ...]] = [(f"{t} {d}", t, d, x) for t, d, x in rows]
         for out, part in zip((PROMPTS_TUNE, PROMPTS_TEST), halves(keyed, 0), strict=True):
             out.write_text("".join(json.dumps({"text": x, "tier": t, "difficulty": d}) + "\n"
                                    for _, t, d, x in part))

@@ -10,6 +10,7 @@ import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -144,12 +145,11 @@ def test_the_router_report_reads_the_test_part_only_to_judge(monkeypatch: pytest
     from redline.routing import evaluate
 
     seen: list[int] = []
-    original = evaluate.Classifier
 
-    class Watched(original):  # type: ignore[misc,valid-type]
-        def __init__(self, *args: object, **kwargs: object) -> None:
+    class Watched(Classifier):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
             with watching() as opened:
-                super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+                super().__init__(*args, **kwargs)
             assert not {str(p) for p in TEST_PARTS} & set(opened)
             seen.append(1)
 
