@@ -158,3 +158,22 @@ def test_the_router_report_reads_the_test_part_only_to_judge(monkeypatch: pytest
 
     evaluate.report(text_features, 0.75)
     assert len(seen) == 6  # five folds and the final model
+
+
+def test_pair_files_in_the_plain_three_column_form_and_with_a_header(tmp_path: Path) -> None:
+    plain = tmp_path / "plain.tsv"
+    plain.write_text("same\thow do i reset my password\thow can i reset my password\n"
+                     "diff\tflights to rome\tflights to oslo\n")
+    pairs = load_pairs(plain)
+    assert [(p.same, p.kind, p.b) for p in pairs] == [(True, "-", "how can i reset my password"),
+                                                     (False, "-", "flights to oslo")]
+    headed = tmp_path / "headed.tsv"
+    headed.write_text("label\tkind\tquestion_a\tquestion_b\ndiff\ttime\tat 6 am\tat 6 pm\n")
+    assert load_pairs(headed)[0].kind == "time"
+    bad = tmp_path / "bad.tsv"
+    bad.write_text("same\tonly one question\n")
+    with pytest.raises(ValueError, match="row 1 has 2 fields"):
+        load_pairs(bad)
+    bad.write_text("maybe\ta\tb\n")
+    with pytest.raises(ValueError, match="same or diff"):
+        load_pairs(bad)
