@@ -217,6 +217,8 @@ class JobsConfig(_Section):
     webhook_timeout_s: float = Field(10.0, gt=0)
     webhook_attempts: int = Field(5, ge=1, le=20)
     webhook_backoff_s: float = Field(1.0, ge=0, description="first retry delay; doubles each try")
+    notify_lanes: int = Field(8, ge=1, le=256, description="notifications sent at once per "
+                              "worker process (their own lanes: never a job's slot)")
     smtp: SmtpConfig = SmtpConfig()
     schedule: list[ScheduledJob] = Field(default_factory=list)
 
@@ -229,6 +231,8 @@ class ApiKey(_Section):
     sha256: str = Field(..., pattern=r"^[0-9a-fA-F]{64}$")
     rpm: int | None = Field(None, ge=1)
     tpm: int | None = Field(None, ge=1)
+    role: Literal["admin", "user"] = Field("user", description="admin: /v1/admin/* and "
+                                           "experiment management; user: the API only")
 
 
 class AuthConfig(_Section):

@@ -12,6 +12,7 @@ from pydantic import ValidationError
 
 from redline.api.errors import validation_error
 from redline.api.schemas import ChatCompletionRequest, CompletionRequest
+from redline.api.tenant import tenant_of
 from redline.errors import InvalidRequest, NotFound
 from redline.jobs.service import JobService, describe
 from redline.jobs.spec import ENDPOINTS, JobSpec
@@ -63,7 +64,7 @@ async def accept(request: Request, body: ChatCompletionRequest | CompletionReque
 
 @router.get("/v1/jobs/{job_id}")
 async def get_job(job_id: str, request: Request) -> dict[str, Any]:
-    job = await _jobs(request).get(job_id)
+    job = await _jobs(request).get(job_id, tenant_of(request))
     if job is None:
         raise NotFound(f"No job with id {job_id!r}.", param="job_id")
     return describe(job)
@@ -71,7 +72,16 @@ async def get_job(job_id: str, request: Request) -> dict[str, Any]:
 
 @router.delete("/v1/jobs/{job_id}")
 async def cancel_job(job_id: str, request: Request) -> dict[str, Any]:
-    job = await _jobs(request).cancel(job_id)
-    if job is None or job.kind != "completion":
+    tenant = tenant_of(request)
+    job = await _jobs(request).get(job_id, tenant)
+    if job is None or job.kind != "completion":  # a batch is cancelled as a batch
         raise NotFound(f"No job with id {job_id!r}.", param="job_id")
-    return job.public()
+    return (await _jobs(request).cancel(job_id, tenant) or job).public()
+
+
+@router.get("/v1/webhook_secret")
+async def webhook_secret(request: Request) -> dict[str, Any]:
+    """The caller's own webhook signing secret: its notifications carry a Standard
+    Webhooks signature (webhook-id, webhook-timestamp, webhook-signature) made with it."""
+    secret = await _jobs(request).notifier.secret(tenant_of(request))
+    return {"object": "webhook_secret", "secret": secret, "scheme": "standard-webhooks-v1"}

@@ -105,7 +105,7 @@ class BatchRunner:
     async def run(self, job: Job, ctx: RunContext) -> tuple[str, dict[str, Any]]:
         """Answer the lines still missing, then write the files. Returns the final status
         ("succeeded" or "cancelled") and the batch meta to record."""
-        content = await self.files.content(job.spec["input_file_id"]) or b""
+        content = await self.files.content(job.spec["input_file_id"], job.tenant) or b""
         lines, _ = parse_input(content, job.spec["endpoint"], self.decode)
         done: dict[int, dict[str, Any]] = {}
         for i in range(len(lines)):
@@ -121,7 +121,7 @@ class BatchRunner:
         async def lane() -> None:
             while not queue.empty() and not ctx.cancel.is_set():
                 i = queue.get_nowait()
-                out = await self._answer(job.id, i, lines[i], job.spec.get("tenant", "anonymous"))
+                out = await self._answer(job.id, i, lines[i], job.tenant)
                 await asyncio.to_thread(self.records.put, self._key(job.id, i),
                                         json.dumps(out).encode())
                 done[i] = out
@@ -158,14 +158,15 @@ class BatchRunner:
         ok = [json.dumps(done[i]) for i in sorted(done) if done[i]["response"]["status_code"] < 400]
         bad = [json.dumps(done[i]) for i in sorted(done) if done[i]["response"]["status_code"] >= 400]
         meta: dict[str, Any] = {"output_file_id": None, "error_file_id": None}
-        # ids follow from the batch id: finalising twice (a crash right here) writes one file
+        # ids follow from the batch id: finalising twice (a crash right here) writes one
+        # file; they are guessable, so they belong to the batch's tenant like any file
         if ok:
             f = await self.files.create(f"file-{job.id}-output", ("\n".join(ok) + "\n").encode(),
-                                        f"{job.id}_output.jsonl", "batch_output")
+                                        f"{job.id}_output.jsonl", "batch_output", job.tenant)
             meta["output_file_id"] = f["id"]
         if bad:
             f = await self.files.create(f"file-{job.id}-errors", ("\n".join(bad) + "\n").encode(),
-                                        f"{job.id}_errors.jsonl", "batch_output")
+                                        f"{job.id}_errors.jsonl", "batch_output", job.tenant)
             meta["error_file_id"] = f["id"]
         return meta
 

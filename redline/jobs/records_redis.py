@@ -59,6 +59,18 @@ class RedisRecords:
         return [(m.decode() if isinstance(m, bytes) else str(m), float(s))
                 for m, s in rows]  # type: ignore[union-attr]
 
+    def page(self, index: str, limit: int, after: str | None = None) -> list[tuple[str, float]]:
+        start = 0
+        if after is not None:
+            rank = self._r.zrevrank(self._i(index), after)
+            if rank is None:
+                return []
+            start = int(rank) + 1  # type: ignore[arg-type]
+        # equal scores come in reverse member order, as SQLite's `member desc`
+        rows = self._r.zrevrange(self._i(index), start, start + limit - 1, withscores=True)
+        return [(m.decode() if isinstance(m, bytes) else str(m), float(s))
+                for m, s in rows]  # type: ignore[union-attr]
+
     def count(self, index: str) -> int:
         return int(self._r.zcard(self._i(index)))  # type: ignore[arg-type]
 

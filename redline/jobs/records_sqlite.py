@@ -70,6 +70,23 @@ class SQLiteRecords:
                                     "order by score, member", (index,)).fetchall()
         return [(str(m), float(s)) for m, s in rows]
 
+    def page(self, index: str, limit: int, after: str | None = None) -> list[tuple[str, float]]:
+        with self._lock:
+            if after is None:
+                rows = self._db.execute("select member, score from idx where name = ? "
+                                        "order by score desc, member desc limit ?",
+                                        (index, limit)).fetchall()
+            else:
+                at = self._db.execute("select score from idx where name = ? and member = ?",
+                                      (index, after)).fetchone()
+                if at is None:
+                    return []
+                rows = self._db.execute(
+                    "select member, score from idx where name = ? and (score < ? or "
+                    "(score = ? and member < ?)) order by score desc, member desc limit ?",
+                    (index, at[0], at[0], after, limit)).fetchall()
+        return [(str(m), float(s)) for m, s in rows]
+
     def count(self, index: str) -> int:
         with self._lock:
             row = self._db.execute("select count(*) from idx where name = ?", (index,)).fetchone()

@@ -17,10 +17,10 @@ from redline.errors import InvalidRequest
 from redline.jobs.batch import BatchRunner, Decode, RunContext, describe_batch, parse_input
 from redline.jobs.book import JobBook
 from redline.jobs.files import FileStore
-from redline.jobs.model import STATUSES, Job
+from redline.jobs.model import STATUSES, Job, tenant_index
 from redline.jobs.notify import Notifier
 from redline.jobs.queue import JobQueue, open_huey
-from redline.jobs.records import open_records
+from redline.jobs.records import open_records, shared_secret
 from redline.jobs.runner import run_request
 from redline.jobs.schedule import Scheduler
 from redline.jobs.spec import JobSpec
@@ -51,7 +51,7 @@ class JobService:
                                    cfg.batch_concurrency)
         self.worker = Worker(cfg, self.book, self.queue, self.notifier, self._run,
                              ready=lambda: pipeline.ready)
-        self.scheduler = Scheduler(cfg.schedule, decode, self._submit_scheduled)
+        self.scheduler: Scheduler | None = None  # made at start: its secret is in the records
         self.gauge = gauge
         self._tasks: list[asyncio.Task[None]] = []
         self.worker_running = False
@@ -62,7 +62,10 @@ class JobService:
         if run_worker:
             await self.worker.start()
             self.worker_running = True
-            if self.scheduler.entries:
+            if self.cfg.schedule:
+                secret = await asyncio.to_thread(shared_secret, self.records, "schedule:secret")
+                self.scheduler = Scheduler(self.cfg.schedule, self.decode,
+                                           self._submit_scheduled, secret)
                 self._tasks.append(asyncio.create_task(self.scheduler.run_forever(),
                                                        name="jobs-schedule"))
 
@@ -80,12 +83,13 @@ class JobService:
         """Accept a job: once this returns, the job is durable and will run."""
         notify = {k: v for k, v in (notify or {}).items() if v}
         await self.notifier.check(notify)
-        job = Job(id=new_id("job"), kind="completion", spec=spec.to_dict(), notify=notify)
+        job = Job(id=new_id("job"), kind="completion", spec=spec.to_dict(), notify=notify,
+                  tenant=spec.tenant)
         await self._accept(job)
         return job
 
     async def _submit_scheduled(self, job_id: str, spec: JobSpec) -> bool:
-        job = Job(id=job_id, kind="completion", spec=spec.to_dict())
+        job = Job(id=job_id, kind="completion", spec=spec.to_dict(), tenant=spec.tenant)
         if not await self.book.create(job):
             return False
         await self.queue.push(job.id)
@@ -105,8 +109,8 @@ class JobService:
     async def submit_batch(self, input_file_id: str, endpoint: str, completion_window: str,
                            metadata: dict[str, str] | None, tenant: str = "anonymous",
                            notify: dict[str, str] | None = None) -> Job:
-        meta_file = await self.files.get(input_file_id)
-        if meta_file is None:
+        meta_file = await self.files.get(input_file_id, tenant)
+        if meta_file is None:  # another tenant's file is not found either
             raise InvalidRequest(f"No such File object: {input_file_id}", param="input_file_id",
                                  code="not_found")
         if meta_file["purpose"] != "batch":
@@ -114,9 +118,10 @@ class JobService:
                                  param="input_file_id")
         notify = {k: v for k, v in (notify or {}).items() if v}
         await self.notifier.check(notify)
-        content = await self.files.content(input_file_id) or b""
+        content = await self.files.content(input_file_id, tenant) or b""
         lines, errors = await asyncio.to_thread(parse_input, content, endpoint, self.decode)
         job = Job(id=new_id("batch").replace("-", "_"), kind="batch", notify=notify,
+                  tenant=tenant,
                   spec={"input_file_id": input_file_id, "endpoint": endpoint,
                         "completion_window": completion_window, "metadata": metadata,
                         "tenant": tenant,
@@ -133,22 +138,28 @@ class JobService:
         return job
 
     # -- reading and cancelling ---------------------------------------------------------------
-    async def get(self, job_id: str) -> Job | None:
-        return await self.book.get(job_id)
+    async def get(self, job_id: str, tenant: str) -> Job | None:
+        """The job, or None when `tenant` has none with this id (another tenant's job is
+        not found: its existence is not disclosed)."""
+        job = await self.book.get(job_id)
+        return job if job is not None and job.tenant == tenant else None
 
-    async def cancel(self, job_id: str) -> Job | None:
-        job = await self.book.cancel(job_id)
+    async def cancel(self, job_id: str, tenant: str) -> Job | None:
+        job = await self.book.cancel(job_id, tenant)
         if job is not None and job.final and job.notified:
-            await self.notifier.deliver(job)
+            self.notifier.enqueue(job)  # the DELETE does not wait for the endpoint
         return job
 
-    async def list_batches(self) -> list[Job]:
+    async def list_batches(self, tenant: str, after: str | None,
+                           limit: int) -> tuple[list[Job], bool]:
+        """One page of `tenant`'s batches, newest first, and whether more follow."""
+        ids = await self.book.page(tenant_index(tenant, "batches"), limit + 1, after)
         out = []
-        for job_id, _ in reversed(await self.book.ids("kind:batch")):
-            job = await self.book.get(job_id)
+        for job_id in ids[:limit]:
+            job = await self.get(job_id, tenant)
             if job is not None:
                 out.append(job)
-        return out
+        return out, len(ids) > limit
 
     # -- running -------------------------------------------------------------------------------
     async def _run(self, job: Job, ctx: RunContext) -> Outcome:
