@@ -15,7 +15,7 @@ from redline.api.schemas import ChatCompletionRequest, CompletionRequest
 from redline.api.tenant import tenant_of
 from redline.errors import InvalidRequest, NotFound
 from redline.jobs.service import JobService, describe
-from redline.jobs.spec import ENDPOINTS, JobSpec
+from redline.jobs.spec import ENDPOINTS, Endpoint, JobSpec
 from redline.pipeline import Pipeline
 from redline.types import GenerationRequest
 
@@ -54,7 +54,7 @@ async def accept(request: Request, body: ChatCompletionRequest | CompletionReque
     request.app.state.pipeline.resolve(gen.model)  # 404 now, not in the job ("auto" stays)
     gen.tier = "B"  # the worker serves it with tier B's budget (no tier-S shortening)
     notify = body.notify.model_dump(exclude_none=True) if body.notify else {}
-    endpoint = "chat" if kind == "chat" else "text"
+    endpoint: Endpoint = "chat" if kind == "chat" else "text"
     job = await _jobs(request).submit(JobSpec.of(endpoint, gen),
                                       {k: v for k, v in notify.items()
                                        if k in ("webhook", "email")})

@@ -3,6 +3,8 @@ Redis must persist (AOF or RDB) for jobs to outlive a Redis restart."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import redis
 
 from redline.jobs.records import Txn, Write
@@ -36,7 +38,7 @@ class RedisRecords:
         with self._r.pipeline() as pipe:
             while True:
                 try:
-                    pipe.watch(k)
+                    pipe.watch(k)  # type: ignore[no-untyped-call]
                     old = pipe.get(k)
                     write = fn(None if old is None else bytes(old))  # type: ignore[arg-type]
                     if write is None:
@@ -55,24 +57,27 @@ class RedisRecords:
                     continue  # another writer won the race: read again
 
     def members(self, index: str) -> list[tuple[str, float]]:
-        rows = self._r.zrange(self._i(index), 0, -1, withscores=True)
-        return [(m.decode() if isinstance(m, bytes) else str(m), float(s))
-                for m, s in rows]  # type: ignore[union-attr]
+        rows: Any = self._r.zrange(self._i(index), 0, -1, withscores=True)
+        return _scored(rows)
 
     def page(self, index: str, limit: int, after: str | None = None) -> list[tuple[str, float]]:
         start = 0
         if after is not None:
-            rank = self._r.zrevrank(self._i(index), after)
+            rank: Any = self._r.zrevrank(self._i(index), after)
             if rank is None:
                 return []
-            start = int(rank) + 1  # type: ignore[arg-type]
+            start = int(rank) + 1
         # equal scores come in reverse member order, as SQLite's `member desc`
-        rows = self._r.zrevrange(self._i(index), start, start + limit - 1, withscores=True)
-        return [(m.decode() if isinstance(m, bytes) else str(m), float(s))
-                for m, s in rows]  # type: ignore[union-attr]
+        rows: Any = self._r.zrevrange(self._i(index), start, start + limit - 1, withscores=True)
+        return _scored(rows)
 
     def count(self, index: str) -> int:
-        return int(self._r.zcard(self._i(index)))  # type: ignore[arg-type]
+        n: Any = self._r.zcard(self._i(index))
+        return int(n)
 
     def close(self) -> None:
         self._r.close()
+
+
+def _scored(rows: list[tuple[bytes | str, float]]) -> list[tuple[str, float]]:
+    return [(m.decode() if isinstance(m, bytes) else str(m), float(s)) for m, s in rows]

@@ -195,7 +195,7 @@ class WebhookSender:
     def attempt_s(self) -> float:
         """How long one try may take (with its backoff): the claim on sending lasts this."""
         n = self.cfg.webhook_attempts
-        return self.cfg.webhook_timeout_s + self.cfg.webhook_backoff_s * 2 ** (n - 1) + 5
+        return self.cfg.webhook_timeout_s + self.cfg.webhook_backoff_s * 2.0 ** (n - 1) + 5
 
 
 def _safe(url: str) -> str:

@@ -91,7 +91,13 @@ class Worker:
                 continue
             task = asyncio.create_task(self._execute(job_id))
             self._running.add(task)
-            task.add_done_callback(lambda t: (self._running.discard(t), slots.release()))
+            task.add_done_callback(self._done(slots))
+
+    def _done(self, slots: asyncio.Semaphore) -> Callable[[asyncio.Task[None]], None]:
+        def done(task: asyncio.Task[None]) -> None:
+            self._running.discard(task)
+            slots.release()
+        return done
 
     async def _execute(self, job_id: str) -> None:
         try:
@@ -109,8 +115,9 @@ class Worker:
                 self.notifier.enqueue(done)
             return
         ctx = RunContext(job.attempts)
-        work = asyncio.create_task(self.run(job, ctx))
+        work: asyncio.Task[Outcome] = asyncio.ensure_future(self.run(job, ctx))
         beat = asyncio.create_task(self._heartbeat(job, ctx, work))
+        outcome: Outcome | None
         try:
             outcome = await work
         except asyncio.CancelledError:
@@ -129,7 +136,8 @@ class Worker:
                 await self.queue.push(job_id)
             return
         except RedlineError as exc:
-            outcome = await self._failure(job, ctx, exc.status, exc.to_dict()["error"])
+            error: Any = exc.to_dict()["error"]
+            outcome = await self._failure(job, ctx, exc.status, error)
         except Exception as exc:
             log.exception("job %s failed", job_id)
             outcome = await self._failure(job, ctx, 500, {
