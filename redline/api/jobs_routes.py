@@ -13,6 +13,7 @@ from pydantic import ValidationError
 from redline.api.errors import validation_error
 from redline.api.schemas import ChatCompletionRequest, CompletionRequest
 from redline.api.tenant import tenant_of
+from redline.api.unicode import check_text
 from redline.errors import InvalidRequest, NotFound
 from redline.jobs.service import JobService, describe
 from redline.jobs.spec import ENDPOINTS, Endpoint, JobSpec
@@ -34,6 +35,7 @@ def decode_body(url: str, body: dict[str, Any]) -> JobSpec:
         raise InvalidRequest(f"Unsupported url {url!r}; use one of {sorted(ENDPOINTS)}.",
                              param="url")
     schema = ChatCompletionRequest if endpoint == "chat" else CompletionRequest
+    check_text(body)
     try:
         parsed = schema.model_validate(body)
     except ValidationError as exc:

@@ -15,6 +15,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from redline.api import jobs_routes, sse
 from redline.api.schemas import ChatCompletionRequest, CompletionRequest
 from redline.api.tenant import tenant_from
+from redline.api.unicode import check_text
 from redline.errors import InvalidRequest
 from redline.pipeline import AUTO, Completion, Pipeline
 from redline.routing.router import WouldMiss
@@ -84,6 +85,7 @@ async def completions(body: CompletionRequest, request: Request) -> Response:
 
 async def _handle(request: Request, body: ChatCompletionRequest | CompletionRequest,
                   gen_kind: str) -> Response:
+    check_text(body)  # a lone surrogate is a 400 here, not a 500 in a tokenizer
     headers = _request_headers(request.scope)
     gen = body.to_generation(
         _tier(headers.get(b"x-redline-tier"), body.tier),
