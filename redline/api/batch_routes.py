@@ -13,6 +13,7 @@ from fastapi import APIRouter, File, Form, Request, UploadFile
 from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict, Field
 
+from redline.api.jobs_routes import idempotency_key
 from redline.api.schemas import Notify
 from redline.api.tenant import tenant_of
 from redline.errors import InvalidRequest, NotFound, PayloadTooLarge
@@ -110,7 +111,8 @@ async def create_batch(body: CreateBatch, request: Request) -> dict[str, Any]:
     job = await _jobs(request).submit_batch(
         body.input_file_id, body.endpoint, body.completion_window, body.metadata,
         tenant=tenant_of(request),
-        notify={k: v for k, v in notify.items() if k in ("webhook", "email")})
+        notify={k: v for k, v in notify.items() if k in ("webhook", "email")},
+        idempotency_key=idempotency_key(request))
     return describe_batch(job)
 
 

@@ -43,6 +43,16 @@ def decode_body(url: str, body: dict[str, Any]) -> JobSpec:
     return JobSpec.of(endpoint, parsed.to_generation(parsed.tier, "anonymous"))
 
 
+def idempotency_key(request: Request) -> str | None:
+    """`Idempotency-Key`: a retried submission with the same key (and tenant) returns
+    the first job instead of running the request twice."""
+    key = request.headers.get("idempotency-key")
+    if key is not None and not 1 <= len(key) <= 255:
+        raise InvalidRequest("Idempotency-Key must be 1 to 255 characters.",
+                             param="Idempotency-Key")
+    return key
+
+
 def wants_job(body: ChatCompletionRequest | CompletionRequest, gen: GenerationRequest,
               pipeline: Pipeline) -> bool:
     """`"background": true` or tier B asked for. `auto` never turns a request into a job:
@@ -59,7 +69,8 @@ async def accept(request: Request, body: ChatCompletionRequest | CompletionReque
     endpoint: Endpoint = "chat" if kind == "chat" else "text"
     job = await _jobs(request).submit(JobSpec.of(endpoint, gen),
                                       {k: v for k, v in notify.items()
-                                       if k in ("webhook", "email")})
+                                       if k in ("webhook", "email")},
+                                      idempotency_key(request))
     return JSONResponse(job.public(), status_code=202,
                         headers={"Location": f"/v1/jobs/{job.id}", "X-Redline-Tier": "B"})
 

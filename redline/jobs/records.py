@@ -67,12 +67,14 @@ def shared_secret(records: RecordStore, key: str) -> bytes:
     return records.get(key) or fresh
 
 
-def open_records(url: str | None, sqlite_path: str) -> RecordStore:
-    """redis://… or rediss://… share records between machines; anything else is SQLite."""
+def open_records(url: str | None, sqlite_path: str, durable: bool = True,
+                 timeout_s: float = 2.0) -> RecordStore:
+    """redis://… or rediss://… share records between machines; anything else is SQLite.
+    `durable`: SQLite fsyncs each commit; `timeout_s`: Redis connect and read timeout."""
     if url and url.startswith(("redis://", "rediss://", "unix://")):
         from redline.jobs.records_redis import RedisRecords
 
-        return RedisRecords(url)
+        return RedisRecords(url, timeout_s)
     from redline.jobs.records_sqlite import SQLiteRecords
 
-    return SQLiteRecords(sqlite_path)
+    return SQLiteRecords(sqlite_path, durable)
