@@ -86,3 +86,36 @@ def test_an_open_server_limits_per_address_not_per_token() -> None:
                        headers={"Authorization": f"Bearer rotating-{i}"})
             codes.append(r.status_code)
         assert codes[:2] == [200, 200] and set(codes[2:]) == {429}, codes
+
+
+def test_batch_lines_count_against_their_tenants_limits(tmp_path: Any) -> None:
+    """tpm 30, a batch of four lines of ~12 tokens: two fit the window, the other two wait
+    for it (they do not fail), and the tenant's live request is refused meanwhile: the
+    batch's tokens are its tokens."""
+    import io
+    import json
+
+    from jobs_support import wait_until
+
+    cfg = RedlineConfig(auth={"keys": [{"name": "t", "sha256": digest("sk-t"), "tpm": 30}]},
+                        server={"data_dir": str(tmp_path)}, **BASE)
+    app = create_app(cfg, backends={"fake": FakeBackend()})
+    h = {"Authorization": "Bearer sk-t"}
+    lines = [{"custom_id": f"r{i}", "method": "POST", "url": "/v1/chat/completions",
+              "body": chat(10)} for i in range(4)]
+    with LiveApp(app) as live, httpx.Client(base_url=live.url, timeout=30, headers=h) as c:
+        raw = "".join(json.dumps(x) + "\n" for x in lines).encode()
+        f = c.post("/v1/files", data={"purpose": "batch"},
+                   files={"file": ("in.jsonl", io.BytesIO(raw), "application/jsonl")}).json()
+        b = c.post("/v1/batches", json={"input_file_id": f["id"],
+                                        "endpoint": "/v1/chat/completions"}).json()
+
+        def counts() -> dict[str, int]:
+            return c.get(f"/v1/batches/{b['id']}").json()["request_counts"]  # type: ignore[no-any-return]
+
+        wait_until(lambda: counts()["completed"] == 2, timeout=30)
+        r = c.post("/v1/chat/completions", json=chat(10))  # 11 more: 33 > 30
+        assert r.status_code == 429 and "tokens" in r.json()["error"]["message"]
+        batch = c.get(f"/v1/batches/{b['id']}").json()
+        assert batch["status"] == "in_progress" and counts() == {"total": 4, "completed": 2,
+                                                                   "failed": 0}

@@ -230,6 +230,25 @@ class TenantLimiter:
         for rid in [rid for rid, r in self.reserved.items() if r.until <= now]:
             del self.reserved[rid]
 
+    async def count_request(self, key: str) -> Verdict:
+        """One request against `key`'s request window only (its tokens are reserved)."""
+        quota = self.quota(key)
+        if not quota.rpm:
+            return Verdict(True)
+        counters = self._counters()
+        item = self._item(quota.rpm)
+        try:
+            allowed = await counters.requests.hit(item, "req", key)
+            stats = await counters.requests.get_window_stats(item, "req", key)
+        except Exception as exc:
+            if counters is self.local:
+                raise
+            self._trip(exc)
+            return await self.count_request(key)
+        if allowed:
+            return Verdict(True)
+        return _refused("requests", quota.rpm, self.window, stats.reset_time, [])
+
     async def charge(self, tenant: str, tokens: int) -> None:
         quota = self.quota(tenant)
         if not quota.tpm or tokens <= 0:
@@ -313,6 +332,33 @@ class RateLimit:
         return with_headers
 
 
+class JobGate:
+    """Background jobs and batch lines through their tenant's limits as they run (the
+    jobs' `Gate`): each counts one request and reserves its tokens; over the limit it
+    waits for the window (Retry-After) instead of failing, so a batch paces itself and
+    leaves its tenant's live requests only what is left."""
+
+    def __init__(self, limiter: TenantLimiter) -> None:
+        self.limiter = limiter
+
+    async def enter(self, tenant: str, request: Any) -> None:
+        limiter = self.limiter
+        tokens, tpm = estimate_tokens(request), limiter.quota(tenant).tpm
+        if tpm and tokens > tpm:  # it would wait forever: the client's mistake, a 429 now
+            raise RateLimited(f"This request may use {tokens} tokens, more than the "
+                              f"{tpm} tokens per window this key has.")
+        while True:
+            verdict = await limiter.reserve(tenant, request.id, tokens)
+            if verdict.allowed:
+                verdict = await limiter.count_request(tenant)
+                if verdict.allowed:
+                    return
+                taken = limiter.reserved.pop(request.id, None)
+                if taken is not None:
+                    await limiter.settle(taken, 0)  # not running yet: give the tokens back
+            await asyncio.sleep(min(max(verdict.retry_after, 0.05), float(limiter.window)))
+
+
 async def reserve_tokens(limiter: TenantLimiter, scope: Scope, gen: Any) -> None:
     """Reserve a completion request's tokens before it runs: RateLimited (429) when its
     budget cannot hold them. Any entry (route, fast lane) calls this once per request."""
@@ -321,5 +367,5 @@ async def reserve_tokens(limiter: TenantLimiter, scope: Scope, gen: Any) -> None
         raise RateLimited(verdict.message, retry_after=verdict.retry_after)
 
 
-__all__ = ["Quota", "RateLimit", "Reservation", "TenantLimiter", "Verdict", "estimate_tokens",
+__all__ = ["JobGate", "Quota", "RateLimit", "Reservation", "TenantLimiter", "Verdict", "estimate_tokens",
            "limit_key", "reserve_tokens", "storage_url"]

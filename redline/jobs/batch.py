@@ -16,7 +16,7 @@ from redline.errors import RedlineError
 from redline.jobs.files import FileStore
 from redline.jobs.model import Job
 from redline.jobs.records import RecordStore
-from redline.jobs.runner import run_request
+from redline.jobs.runner import Gate, run_request
 from redline.jobs.spec import JobSpec
 from redline.pipeline import Pipeline
 
@@ -100,9 +100,9 @@ def _line_id(batch_id: str, i: int) -> str:
 
 class BatchRunner:
     def __init__(self, pipeline: Pipeline, files: FileStore, records: RecordStore,
-                 decode: Decode, concurrency: int) -> None:
+                 decode: Decode, concurrency: int, gate: Gate | None = None) -> None:
         self.pipeline, self.files, self.records = pipeline, files, records
-        self.decode, self.concurrency = decode, concurrency
+        self.decode, self.concurrency, self.gate = decode, concurrency, gate
 
     def _key(self, batch_id: str, i: int) -> str:
         return f"bline:{batch_id}:{i}"
@@ -150,7 +150,7 @@ class BatchRunner:
             try:
                 spec = self.decode(line.url, line.body)
                 spec = JobSpec(**{**spec.to_dict(), "tenant": tenant})
-                body = await run_request(self.pipeline, spec)
+                body = await run_request(self.pipeline, spec, self.gate)
                 return out | {"response": {"status_code": 200, "request_id": body["id"],
                                            "body": body}, "error": None}
             except RedlineError as exc:

@@ -31,7 +31,7 @@ from redline.jobs.model import STATUSES, Job, tenant_index
 from redline.jobs.notify import Notifier
 from redline.jobs.queue import JobQueue, open_huey
 from redline.jobs.records import open_records, shared_secret
-from redline.jobs.runner import run_request
+from redline.jobs.runner import Gate, run_request
 from redline.jobs.schedule import Scheduler
 from redline.jobs.spec import JobSpec
 from redline.jobs.worker import Outcome, Worker
@@ -50,8 +50,9 @@ def describe(job: Job) -> dict[str, Any]:
 
 class JobService:
     def __init__(self, cfg: JobsConfig, data_dir: Path, store_url: str | None,
-                 pipeline: Pipeline, gauge: Any, decode: Decode) -> None:
-        """`gauge`: the `redline_jobs{status}` gauge (Metrics.jobs)."""
+                 pipeline: Pipeline, gauge: Any, decode: Decode, gate: Gate | None = None) -> None:
+        """`gauge`: the `redline_jobs{status}` gauge (Metrics.jobs); `gate`: the tenants'
+        rate limits, which every job and batch line counts against as it runs."""
         data_dir.mkdir(parents=True, exist_ok=True)
         self.cfg, self.pipeline, self.decode = cfg, pipeline, decode
         self.records = open_records(store_url, str(data_dir / "jobs.db"), cfg.durable,
@@ -61,8 +62,9 @@ class JobService:
                                         cfg.durable, cfg.redis_timeout_s))
         self.files = FileStore(self.records)
         self.notifier = Notifier(cfg, self.book, describe)
+        self.gate = gate
         self.batches = BatchRunner(pipeline, self.files, self.records, decode,
-                                   cfg.batch_concurrency)
+                                   cfg.batch_concurrency, gate)
         self.worker = Worker(cfg, self.book, self.queue, self.notifier, self._run,
                              ready=lambda: pipeline.ready)
         self.scheduler: Scheduler | None = None  # made at start: its secret is in the records
@@ -233,7 +235,7 @@ class JobService:
         if job.kind == "batch":
             status, meta = await self.batches.run(job, ctx)
             return Outcome(status, meta=meta)  # type: ignore[arg-type]
-        result = await run_request(self.pipeline, JobSpec.from_dict(job.spec))
+        result = await run_request(self.pipeline, JobSpec.from_dict(job.spec), self.gate)
         return Outcome("succeeded", result=result)
 
     async def _gauges_forever(self) -> None:
