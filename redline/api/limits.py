@@ -195,7 +195,7 @@ class TenantLimiter:
             stats = await c.tokens.get_window_stats(item, "tok", key)
             self.reserved[request_id] = Reservation(key, tokens, stats.reset_time)
             return Verdict(True)
-        await c.storage.incr(item.key_for("tok", key), item.get_expiry(), amount=-tokens)
+        await _add(c, item, key, -tokens)
         stats = await c.tokens.get_window_stats(item, "tok", key)
         return _refused("tokens", tpm, self.window, stats.reset_time,
                         _headers("tokens", tpm, stats.remaining, stats.reset_time))
@@ -214,8 +214,7 @@ class TenantLimiter:
         item = self._item(quota.tpm)
         counters = self._counters()
         try:
-            await counters.storage.incr(item.key_for("tok", r.key), item.get_expiry(),
-                                        amount=used - r.tokens)
+            await _add(counters, item, r.key, used - r.tokens)
         except Exception as exc:
             if counters is self.local:
                 raise
@@ -279,6 +278,12 @@ class TenantLimiter:
             await asyncio.gather(*self.pending, return_exceptions=True)
 
 
+async def _add(c: _Counters, item: RateLimitItem, key: str, amount: int) -> None:
+    """Add `amount` (negative: give back) to `key`'s token window as it stands."""
+    storage: Any = c.storage  # the async storage (storage_from_string's type is a union)
+    await storage.incr(item.key_for("tok", key), item.get_expiry(), amount=amount)
+
+
 def _headers(kind: str, limit: int, remaining: int, reset_time: float) -> list[tuple[bytes, bytes]]:
     # OpenAI's x-ratelimit-* headers; reset as seconds ("1.5s")
     reset = max(0.0, reset_time - time.time())
@@ -311,9 +316,9 @@ class RateLimit:
         if scope["type"] != "http" or not self.applies(scope):
             await self.app(scope, receive, send)
             return
-        send = await self.admit(scope, send)
-        if send is not None:
-            await self.app(scope, receive, send)
+        admitted = await self.admit(scope, send)
+        if admitted is not None:
+            await self.app(scope, receive, admitted)
 
     async def admit(self, scope: Scope, send: Send) -> Send | None:
         """Charge the scope's tenant one request: None where it is over its quota (the
