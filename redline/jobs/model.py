@@ -64,7 +64,10 @@ class Job:
 
     @classmethod
     def loads(cls, raw: bytes) -> Job:
-        return cls(**json.loads(raw))
+        d = json.loads(raw)
+        # a record from before jobs had a tenant field: its spec has always carried it
+        d.setdefault("tenant", (d.get("spec") or {}).get("tenant", "anonymous"))
+        return cls(**d)
 
     def public(self) -> dict[str, Any]:
         """The job object of API.md."""
