@@ -223,6 +223,15 @@ class JobsConfig(_Section):
     webhook_timeout_s: float = Field(10.0, gt=0)
     webhook_attempts: int = Field(5, ge=1, le=20)
     webhook_backoff_s: float = Field(1.0, ge=0, description="first retry delay; doubles each try")
+    durable: bool = Field(True, description="SQLite records and queue fsync each commit "
+                          "(synchronous=FULL): an accepted (202) job survives a power cut, "
+                          "not only a process kill; false: no fsync (faster acceptance)")
+    redis_timeout_s: float = Field(2.0, gt=0, description="connect and read timeout of the "
+                                   "jobs' Redis clients: a paused Redis is a fast 503")
+    batch_max_lines: int = Field(50_000, ge=1, description="requests in one batch (OpenAI's)")
+    batch_max_bytes: int = Field(200 << 20, ge=1024, description="a batch's input file (OpenAI's)")
+    notify_lanes: int = Field(8, ge=1, le=256, description="notifications sent at once per "
+                              "worker process (their own lanes: never a job's slot)")
     smtp: SmtpConfig = SmtpConfig()
     schedule: list[ScheduledJob] = Field(default_factory=list)
 
@@ -235,6 +244,8 @@ class ApiKey(_Section):
     sha256: str = Field(..., pattern=r"^[0-9a-fA-F]{64}$")
     rpm: int | None = Field(None, ge=1)
     tpm: int | None = Field(None, ge=1)
+    role: Literal["admin", "user"] = Field("user", description="admin: /v1/admin/* and "
+                                           "experiment management; user: the API only")
 
 
 class AuthConfig(_Section):

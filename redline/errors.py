@@ -5,6 +5,7 @@ writes it as OpenAI-shaped JSON: {"error": {"message", "type", "param", "code"}}
     ├── InvalidRequest              400 invalid_request_error (param set where known)
     │   └── ContextLengthExceeded   400 code=context_length_exceeded
     ├── AuthenticationFailed        401 authentication_error
+    ├── PermissionDenied            403 permission_error (a valid key without the role)
     ├── NotFound                    404 invalid_request_error
     │   └── ModelNotFound           404 code=model_not_found
     ├── RequestTimeout              408 invalid_request_error (a client too slow to send)
@@ -63,6 +64,12 @@ class AuthenticationFailed(RedlineError):
     status = 401
     type = "authentication_error"
     code = "invalid_api_key"
+
+
+class PermissionDenied(RedlineError):
+    status = 403
+    type = "permission_error"
+    code = "permission_denied"
 
 
 class NotFound(RedlineError):

@@ -89,7 +89,7 @@ def test_valid_key_sets_tenant_to_its_name(keyed_client: tuple[TestClient, Tenan
 
 def test_ops_and_spec_open_by_default(keyed_client: tuple[TestClient, Tenants]) -> None:
     c, _ = keyed_client
-    for path in ("/healthz", "/readyz", "/metrics", "/openapi.json"):
+    for path in ("/healthz", "/readyz", "/metrics", "/dashboard", "/openapi.json"):
         assert c.get(path).status_code == 200, path
     spec = c.get("/openapi.json").json()
     assert spec["components"]["securitySchemes"]["bearer"] == {"type": "http", "scheme": "bearer"}
@@ -99,10 +99,29 @@ def test_ops_and_spec_open_by_default(keyed_client: tuple[TestClient, Tenants]) 
 
 def test_ops_protected_when_configured() -> None:
     for c, _ in client(keyed(protect_ops=True)):
-        for path in ("/healthz", "/readyz", "/metrics"):
+        for path in ("/healthz", "/readyz", "/metrics", "/dashboard"):
             assert_openai_error(c.get(path), 401, "authentication_error")
             assert c.get(path, headers={"Authorization": f"Bearer {KEY}"}).status_code == 200
         assert c.get("/openapi.json").status_code == 200
+
+
+def test_admin_routes_need_an_admin_key() -> None:
+    """A user key gets 403 on the operator routes (the dashboard's figures, the long-tail
+    log, experiment management); an admin key gets them; the role defaults to user."""
+    keys = [{"name": "team-a", "sha256": digest(KEY)},
+            {"name": "ops", "sha256": digest(OTHER), "role": "admin"}]
+    assert RedlineConfig(auth={"keys": keys}).auth.keys[0].role == "user"
+    for c, _ in client(RedlineConfig(auth={"keys": keys}, **FAKE_ONLY)):
+        for method, path in (("GET", "/v1/admin/stats"), ("GET", "/v1/admin/slow"),
+                             ("GET", "/v1/admin/experiments"),
+                             ("DELETE", "/v1/admin/experiments/samples")):
+            r = c.request(method, path, headers={"Authorization": f"Bearer {KEY}"})
+            assert_openai_error(r, 403, "permission_error")
+            r = c.request(method, path, headers={"Authorization": f"Bearer {OTHER}"})
+            assert r.status_code == 200, (path, r.text)
+            assert_openai_error(c.request(method, path), 401, "authentication_error")
+    with pytest.raises(ValueError):
+        RedlineConfig(auth={"keys": [{**keys[0], "role": "root"}]})
 
 
 def test_plain_keys_are_never_accepted_in_config() -> None:

@@ -109,3 +109,85 @@ def test_openapi_spec_is_published_and_accurate(server: HardenedServer) -> None:
                      "headers": [], "query_string": b""}
             matched = [r for r in server.app.router.routes if r.matches(scope)[0] is Match.FULL]
             assert matched, f"{method.upper()} {path} is in the spec but not served"
+
+
+# -- hostile JSON: invalid Unicode, huge numbers, deep nesting ---------------------------
+NUMBER_FIELDS = ("max_tokens", "max_completion_tokens", "temperature", "top_p", "n", "seed",
+                 "presence_penalty", "frequency_penalty", "top_logprobs")
+HUGE = ("1e400", "-1e400", "1e-400", "1" + "0" * 400, "-" + "9" * 5000, "NaN", "Infinity",
+        "-0", "0.0000000000000000000001", "18446744073709551616", "-9223372036854775809")
+
+
+@st.composite
+def bad_text(draw: st.DrawFn) -> bytes:
+    """A JSON string literal with what is not UTF-8 text: lone surrogate escapes, raw
+    bytes that are not UTF-8, UTF-8-encoded surrogates, NUL and control escapes."""
+    parts = draw(st.lists(st.one_of(
+        st.integers(0xD800, 0xDFFF).map(lambda u: f"\\u{u:04x}".encode()),
+        st.sampled_from([b"\xff", b"\xfe", b"\xc0\x80", b"\xed\xa0\x80", b"\xf4\x90\x80\x80",
+                         b"\\u0000", b"\\ud83d\\ude00", b"\\u00e9"]),
+        st.text(max_size=5).map(lambda t: json.dumps(t)[1:-1].encode())), min_size=1, max_size=6))
+    return b'"' + b"".join(parts) + b'"'
+
+
+@st.composite
+def deep(draw: st.DrawFn) -> bytes:
+    n = draw(st.sampled_from([64, 500, 5000, 200_000]))
+    if draw(st.booleans()):
+        return b"[" * n + b"]" * n
+    return b'{"a":' * n + b"1" + b"}" * n
+
+
+@st.composite
+def hostile_body(draw: st.DrawFn) -> tuple[str, bytes]:
+    path = draw(st.sampled_from(["/v1/chat/completions", "/v1/completions"]))
+    text = draw(st.one_of(bad_text(), st.just(b'"hi"')))
+    if path == "/v1/chat/completions":
+        base = b'{"model":"fake","messages":[{"role":"user","content":%s}]' % text
+    else:
+        base = b'{"model":"fake","prompt":%s' % text
+    extra = draw(st.lists(st.one_of(
+        st.tuples(st.sampled_from(NUMBER_FIELDS).map(str.encode), st.sampled_from(HUGE).map(str.encode)),
+        st.tuples(st.sampled_from([b"metadata", b"stop", b"user", b"logit_bias", b"tools"]),
+                  st.one_of(deep(), bad_text())),
+        st.tuples(bad_text().map(lambda b: b[1:-1]), st.just(b"1"))), max_size=3))
+    body = base + b"".join(b',"%s":%s' % (k, v) for k, v in extra)
+    if draw(st.booleans()):
+        body += b',"stream":true'
+    return path, body + b"}"
+
+
+def check_plain(response: requests.Response, label: str) -> None:
+    TALLY["hostile"] += 1
+    assert response.status_code < 500, f"{label}: {response.status_code} {response.text[:300]}"
+    if response.status_code >= 400:
+        assert response.headers["content-type"].startswith("application/json"), label
+        error = response.json()["error"]
+        assert set(error) == {"message", "type", "param", "code"}, f"{label}: {error}"
+
+
+def test_fuzz_hostile_json(server: HardenedServer) -> None:
+    """Never a 5xx for invalid Unicode, huge or non-finite numbers, or deep nesting,
+    wherever in the body they are; errors in the OpenAI shape."""
+    session = requests.Session()
+
+    @settings(max_examples=EXAMPLES * 4, deadline=None, database=None, derandomize=True,
+              suppress_health_check=list(HealthCheck))
+    @given(case=hostile_body())
+    def run(case: tuple[str, bytes]) -> None:
+        path, body = case
+        r = session.post(server.url + path, data=body, timeout=30,
+                         headers={"content-type": "application/json"})
+        check_plain(r, f"{path} {body[:200]!r}")
+
+    run()
+
+
+@settings(max_examples=EXAMPLES, deadline=None, database=None, derandomize=True,
+          suppress_health_check=list(HealthCheck))
+@given(after=st.text(min_size=1, max_size=6))
+def test_fuzz_stream_after(server: HardenedServer, after: str) -> None:
+    """`?after=` of any text, Unicode digits included, is a 400 or a 404, never a 500."""
+    r = requests.get(f"{server.url}/v1/streams/strm-{'0' * 24}", params={"after": after},
+                     timeout=30)
+    check_plain(r, f"after={after!r}")

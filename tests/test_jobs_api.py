@@ -190,7 +190,11 @@ def test_scheduled_precompute_once_per_minute(tmp_path: Path) -> None:
         created = c.portal.call(jobs.scheduler.tick, minute)  # type: ignore[union-attr]
         again = c.portal.call(jobs.scheduler.tick, minute)  # type: ignore[union-attr]
         off = c.portal.call(jobs.scheduler.tick, minute.replace(minute=6))  # type: ignore[union-attr]
-        assert created == ["job-sched-daily-report-202501011005"] and again == [] and off == []
+        assert len(created) == 1 and again == [] and off == []
+        # unguessable (keyed with the workers' shared secret), the same on every worker
+        assert created[0] == jobs.scheduler.job_id("daily-report", minute)
+        assert created[0].startswith("job-sched-") and "daily-report" not in created[0]
+        assert len(created[0]) == len("job-sched-") + 32
         done = wait_job(c, created[0])
         assert done["status"] == "succeeded"
         assert done["result"]["choices"][0]["message"]["content"] == "lorem ipsum"

@@ -5,9 +5,11 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from fastapi import APIRouter, Query, Request
+from fastapi import APIRouter, Depends, Query, Request
 
-router = APIRouter()
+from redline.api.auth import require_admin
+
+router = APIRouter(dependencies=[Depends(require_admin)])  # operators only
 
 
 @router.get("/v1/admin/slow")

@@ -25,7 +25,7 @@ from redline.api import (
     web_routes,
 )
 from redline.api.auth import Auth, document
-from redline.api.limits import RateLimit, TenantLimiter
+from redline.api.limits import JobGate, RateLimit, TenantLimiter
 from redline.api.middleware import BodyLimit, BodyTimeout, ReadyGate
 from redline.api.server import CountInflight, Inflight
 from redline.backends.base import Backend
@@ -147,7 +147,8 @@ def create_app(config: RedlineConfig, backends: Mapping[str, Backend] | None = N
     app.state.limiter = TenantLimiter(config.limits, config.auth.keys, config.store.url)
     pipeline.observers.append(app.state.limiter)  # charges each answer's tokens
     app.state.jobs = JobService(config.jobs, Path(config.server.data_dir), config.store.url,
-                                pipeline, metrics.jobs, jobs_routes.decode_body)
+                                pipeline, metrics.jobs, jobs_routes.decode_body,
+                                JobGate(app.state.limiter))
     errors.install(app)
 
     app.include_router(ops_routes.router)

@@ -2,8 +2,14 @@
 
 No keys configured means an open server (the embedded default). With keys, every /v1/*
 request needs a valid one (401 in the OpenAI shape otherwise) and the key's name becomes
-`request.state.tenant`, which scopes cached answers and rate limits. The plain keys are
-never stored: `redline.api.auth.digest(key)` gives the value to put in the config.
+`request.state.tenant`, which scopes cached answers, rate limits and every object the
+request creates. The plain keys are never stored: `redline.api.auth.digest(key)` gives the
+value to put in the config.
+
+Roles: a key is `user` unless configured `role: admin`. Operator routes (/v1/admin/*:
+the long-tail log, the dashboard's figures, experiment management) need an admin key
+(`require_admin`, a route dependency, so it holds whichever way a request enters). On an
+open server (no keys) there are no roles and everything is open, as everything else is.
 """
 
 from __future__ import annotations
@@ -13,17 +19,19 @@ import hmac
 from collections.abc import Sequence
 from typing import Any
 
-from fastapi import FastAPI
+from fastapi import FastAPI, Request
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from redline.api.middleware import send_error
 from redline.config import ApiKey, AuthConfig
-from redline.errors import AuthenticationFailed
+from redline.errors import AuthenticationFailed, PermissionDenied
 
 ANONYMOUS = "anonymous"
 # always reachable: the spec and its viewer describe how to authenticate
 OPEN_PATHS = ("/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc")
-OPS_PATHS = ("/healthz", "/readyz", "/metrics")
+# open unless `auth.protect_ops`: probes and scrapers often cannot send a key; the
+# dashboard page holds no data (its figures come from /v1/admin/stats, admin only)
+OPS_PATHS = ("/healthz", "/readyz", "/metrics", "/dashboard")
 
 
 def digest(key: str) -> str:
@@ -106,6 +114,19 @@ class Auth:
         await self.app(scope, receive, send)
 
 
+def is_admin(key: ApiKey | None, keys_configured: bool) -> bool:
+    """Without keys there are no roles (an open server); with them, only an admin key."""
+    return not keys_configured or (key is not None and key.role == "admin")
+
+
+def require_admin(request: Request) -> None:
+    """Route dependency of the operator routes: 403 for a valid key that is not admin
+    (Auth has answered 401 already for no key or a wrong one)."""
+    keys_configured = bool(request.app.state.config.auth.keys)
+    if not is_admin(request.scope.get("state", {}).get("api_key"), keys_configured):
+        raise PermissionDenied("This route needs an API key with role 'admin'.")
+
+
 def document(app: FastAPI, config: AuthConfig) -> None:
     """Declare the bearer scheme in /openapi.json when keys are configured, so the spec
     says what the server enforces."""
@@ -130,4 +151,4 @@ def document(app: FastAPI, config: AuthConfig) -> None:
     app.openapi = openapi  # type: ignore[method-assign]
 
 
-__all__ = ["ANONYMOUS", "Auth", "KeyRing", "digest", "document"]
+__all__ = ["ANONYMOUS", "Auth", "KeyRing", "digest", "document", "is_admin", "require_admin"]

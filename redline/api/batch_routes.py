@@ -1,6 +1,9 @@
 """The OpenAI Files and Batch APIs, as the official client calls them:
 /v1/files (multipart upload, purpose "batch"), /v1/files/{id}, /v1/files/{id}/content,
-/v1/batches (create, list), /v1/batches/{id}, /v1/batches/{id}/cancel."""
+/v1/batches (create, list), /v1/batches/{id}, /v1/batches/{id}/cancel.
+
+Each object is its tenant's: another tenant's id answers 404, as an unknown id does, and
+lists page through the caller's own index."""
 
 from __future__ import annotations
 
@@ -10,7 +13,9 @@ from fastapi import APIRouter, File, Form, Request, UploadFile
 from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict, Field
 
+from redline.api.jobs_routes import idempotency_key
 from redline.api.schemas import Notify
+from redline.api.tenant import tenant_of
 from redline.errors import InvalidRequest, NotFound, PayloadTooLarge
 from redline.jobs.batch import describe_batch
 from redline.jobs.service import JobService
@@ -26,13 +31,9 @@ def _jobs(request: Request) -> JobService:
     return request.app.state.jobs  # type: ignore[no-any-return]
 
 
-def _page(items: list[dict[str, Any]], after: str | None, limit: int) -> dict[str, Any]:
-    if after is not None:
-        ids = [i["id"] for i in items]
-        items = items[ids.index(after) + 1:] if after in ids else []
-    page = items[:limit]
-    return {"object": "list", "data": page, "first_id": page[0]["id"] if page else None,
-            "last_id": page[-1]["id"] if page else None, "has_more": len(items) > limit}
+def _page(items: list[dict[str, Any]], has_more: bool) -> dict[str, Any]:
+    return {"object": "list", "data": items, "first_id": items[0]["id"] if items else None,
+            "last_id": items[-1]["id"] if items else None, "has_more": has_more}
 
 
 def _limit(limit: int) -> int:
@@ -54,21 +55,21 @@ async def upload_file(request: Request, file: Annotated[UploadFile, File()],
     if not content.strip():
         raise InvalidRequest("The file is empty.", param="file")
     return await _jobs(request).files.create(new_id("file"), content,
-                                             file.filename or "upload.jsonl", purpose)
+                                             file.filename or "upload.jsonl", purpose,
+                                             tenant_of(request))
 
 
 @router.get("/v1/files")
 async def list_files(request: Request, purpose: str | None = None, after: str | None = None,
                      limit: int = 10000) -> dict[str, Any]:
-    files = await _jobs(request).files.list()
-    if purpose is not None:
-        files = [f for f in files if f["purpose"] == purpose]
-    return _page(files, after, _limit(limit))
+    files, more = await _jobs(request).files.list(tenant_of(request), purpose, after,
+                                                  _limit(limit))
+    return _page(files, more)
 
 
 @router.get("/v1/files/{file_id}")
 async def get_file(file_id: str, request: Request) -> dict[str, Any]:
-    meta = await _jobs(request).files.get(file_id)
+    meta = await _jobs(request).files.get(file_id, tenant_of(request))
     if meta is None:
         raise NotFound(f"No such File object: {file_id}", param="id")
     return meta
@@ -76,15 +77,15 @@ async def get_file(file_id: str, request: Request) -> dict[str, Any]:
 
 @router.get("/v1/files/{file_id}/content")
 async def file_content(file_id: str, request: Request) -> Response:
-    content = await _jobs(request).files.content(file_id)
-    if content is None or await _jobs(request).files.get(file_id) is None:
+    content = await _jobs(request).files.content(file_id, tenant_of(request))
+    if content is None:
         raise NotFound(f"No such File object: {file_id}", param="id")
     return Response(content, media_type="application/octet-stream")
 
 
 @router.delete("/v1/files/{file_id}")
 async def delete_file(file_id: str, request: Request) -> dict[str, Any]:
-    if not await _jobs(request).files.delete(file_id):
+    if not await _jobs(request).files.delete(file_id, tenant_of(request)):
         raise NotFound(f"No such File object: {file_id}", param="id")
     return {"id": file_id, "object": "file", "deleted": True}
 
@@ -109,21 +110,22 @@ async def create_batch(body: CreateBatch, request: Request) -> dict[str, Any]:
     notify = body.notify.model_dump(exclude_none=True) if body.notify else {}
     job = await _jobs(request).submit_batch(
         body.input_file_id, body.endpoint, body.completion_window, body.metadata,
-        tenant=getattr(request.state, "tenant", "anonymous"),
-        notify={k: v for k, v in notify.items() if k in ("webhook", "email")})
+        tenant=tenant_of(request),
+        notify={k: v for k, v in notify.items() if k in ("webhook", "email")},
+        idempotency_key=idempotency_key(request))
     return describe_batch(job)
 
 
 @router.get("/v1/batches")
 async def list_batches(request: Request, after: str | None = None,
                        limit: int = 20) -> dict[str, Any]:
-    jobs = await _jobs(request).list_batches()
-    return _page([describe_batch(j) for j in jobs], after, _limit(limit))
+    jobs, more = await _jobs(request).list_batches(tenant_of(request), after, _limit(limit))
+    return _page([describe_batch(j) for j in jobs], more)
 
 
 @router.get("/v1/batches/{batch_id}")
 async def get_batch(batch_id: str, request: Request) -> dict[str, Any]:
-    job = await _jobs(request).get(batch_id)
+    job = await _jobs(request).get(batch_id, tenant_of(request))
     if job is None or job.kind != "batch":
         raise NotFound(f"No such Batch object: {batch_id}", param="batch_id")
     return describe_batch(job)
@@ -131,8 +133,9 @@ async def get_batch(batch_id: str, request: Request) -> dict[str, Any]:
 
 @router.post("/v1/batches/{batch_id}/cancel")
 async def cancel_batch(batch_id: str, request: Request) -> dict[str, Any]:
-    job = await _jobs(request).get(batch_id)
+    tenant = tenant_of(request)
+    job = await _jobs(request).get(batch_id, tenant)
     if job is None or job.kind != "batch":
         raise NotFound(f"No such Batch object: {batch_id}", param="batch_id")
-    job = await _jobs(request).cancel(batch_id) or job
+    job = await _jobs(request).cancel(batch_id, tenant) or job
     return describe_batch(job)

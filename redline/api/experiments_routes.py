@@ -5,9 +5,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Depends, Request
 
-router = APIRouter()
+from redline.api.auth import require_admin
+
+router = APIRouter(dependencies=[Depends(require_admin)])  # operators only
 
 
 @router.get("/v1/admin/experiments")

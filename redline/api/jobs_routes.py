@@ -12,9 +12,11 @@ from pydantic import ValidationError
 
 from redline.api.errors import validation_error
 from redline.api.schemas import ChatCompletionRequest, CompletionRequest
+from redline.api.tenant import tenant_of
+from redline.api.unicode import check_text
 from redline.errors import InvalidRequest, NotFound
 from redline.jobs.service import JobService, describe
-from redline.jobs.spec import ENDPOINTS, JobSpec
+from redline.jobs.spec import ENDPOINTS, Endpoint, JobSpec
 from redline.pipeline import Pipeline
 from redline.types import GenerationRequest
 
@@ -33,11 +35,22 @@ def decode_body(url: str, body: dict[str, Any]) -> JobSpec:
         raise InvalidRequest(f"Unsupported url {url!r}; use one of {sorted(ENDPOINTS)}.",
                              param="url")
     schema = ChatCompletionRequest if endpoint == "chat" else CompletionRequest
+    check_text(body)
     try:
         parsed = schema.model_validate(body)
     except ValidationError as exc:
         raise validation_error(RequestValidationError(exc.errors())) from exc
     return JobSpec.of(endpoint, parsed.to_generation(parsed.tier, "anonymous"))
+
+
+def idempotency_key(request: Request) -> str | None:
+    """`Idempotency-Key`: a retried submission with the same key (and tenant) returns
+    the first job instead of running the request twice."""
+    key = request.headers.get("idempotency-key")
+    if key is not None and not 1 <= len(key) <= 255:
+        raise InvalidRequest("Idempotency-Key must be 1 to 255 characters.",
+                             param="Idempotency-Key")
+    return key
 
 
 def wants_job(body: ChatCompletionRequest | CompletionRequest, gen: GenerationRequest,
@@ -53,17 +66,18 @@ async def accept(request: Request, body: ChatCompletionRequest | CompletionReque
     request.app.state.pipeline.resolve(gen.model)  # 404 now, not in the job ("auto" stays)
     gen.tier = "B"  # the worker serves it with tier B's budget (no tier-S shortening)
     notify = body.notify.model_dump(exclude_none=True) if body.notify else {}
-    endpoint = "chat" if kind == "chat" else "text"
+    endpoint: Endpoint = "chat" if kind == "chat" else "text"
     job = await _jobs(request).submit(JobSpec.of(endpoint, gen),
                                       {k: v for k, v in notify.items()
-                                       if k in ("webhook", "email")})
+                                       if k in ("webhook", "email")},
+                                      idempotency_key(request))
     return JSONResponse(job.public(), status_code=202,
                         headers={"Location": f"/v1/jobs/{job.id}", "X-Redline-Tier": "B"})
 
 
 @router.get("/v1/jobs/{job_id}")
 async def get_job(job_id: str, request: Request) -> dict[str, Any]:
-    job = await _jobs(request).get(job_id)
+    job = await _jobs(request).get(job_id, tenant_of(request))
     if job is None:
         raise NotFound(f"No job with id {job_id!r}.", param="job_id")
     return describe(job)
@@ -71,7 +85,16 @@ async def get_job(job_id: str, request: Request) -> dict[str, Any]:
 
 @router.delete("/v1/jobs/{job_id}")
 async def cancel_job(job_id: str, request: Request) -> dict[str, Any]:
-    job = await _jobs(request).cancel(job_id)
-    if job is None or job.kind != "completion":
+    tenant = tenant_of(request)
+    job = await _jobs(request).get(job_id, tenant)
+    if job is None or job.kind != "completion":  # a batch is cancelled as a batch
         raise NotFound(f"No job with id {job_id!r}.", param="job_id")
-    return job.public()
+    return (await _jobs(request).cancel(job_id, tenant) or job).public()
+
+
+@router.get("/v1/webhook_secret")
+async def webhook_secret(request: Request) -> dict[str, Any]:
+    """The caller's own webhook signing secret: its notifications carry a Standard
+    Webhooks signature (webhook-id, webhook-timestamp, webhook-signature) made with it."""
+    secret = await _jobs(request).notifier.secret(tenant_of(request))
+    return {"object": "webhook_secret", "secret": secret, "scheme": "standard-webhooks-v1"}

@@ -6,6 +6,17 @@ window: a fixed window's counter always adds the cost, so a request that oversho
 still fills the window (a sliding counter refuses the add and the tenant would never
 be stopped). A request is admitted while its tenant's token window is not full.
 
+Reservations (`reserve`, called once a completion request's body is read): the request's
+`max_tokens` plus an estimate of its prompt is taken from the token window at admission,
+atomically (the counter is added to first; an add that would overrun is taken back and
+refused), and the unused part is returned when the completion ends, as OpenAI counts
+it. So twenty requests admitted at once cannot overrun a small budget. A request that
+fails before its first token keeps its reservation until the window rolls over.
+
+Whose budget (`limit_key`): with API keys, the key's tenant; on an open server (no
+keys), the client's address, for the request count and the tokens alike, so a client
+that rotates bearer tokens (each a tenant of its own for the cache) gets no fresh budget.
+
 Counters live in memory, or in Redis when `limits.storage_url` (or `store.url`) is
 redis://, so replicas share them. The limiter fails open: if Redis errors, a breaker
 opens and this replica counts in memory until Redis answers again; a request is never
@@ -44,6 +55,28 @@ BREAKER_TTL_S = 5.0
 class Quota:
     rpm: int | None
     tpm: int | None
+
+
+@dataclass(frozen=True)
+class Reservation:
+    key: str  # whose window (see limit_key)
+    tokens: int
+    until: float  # the window's reset time: after it, there is nothing to give back
+
+
+def limit_key(scope: Scope, keyed: bool) -> str:
+    """Whose budget a request draws on: the key's tenant where keys are configured,
+    else the client's address (an open server)."""
+    if keyed:
+        return str(scope.get("state", {}).get("tenant", "anonymous"))
+    client = scope.get("client")
+    return "addr:" + (str(client[0]) if client else "unknown")
+
+
+def estimate_tokens(gen: Any) -> int:
+    """What a request may cost: its max_tokens and ~4 characters a token of prompt."""
+    chars = len(gen.prompt or "") + sum(len(m.content) for m in gen.messages or ())
+    return int(gen.sampling.max_tokens) + chars // 4 + 1
 
 
 @dataclass(frozen=True)
@@ -87,6 +120,8 @@ class TenantLimiter:
         self.local = self.shared if self.url == "async+memory://" else _Counters("async+memory://")
         self.broken_until = 0.0
         self.pending: set[asyncio.Task[None]] = set()
+        self.keyed = bool(keys)
+        self.reserved: dict[str, Reservation] = {}  # request id → its reservation
 
     @property
     def enabled(self) -> bool:
@@ -138,6 +173,81 @@ class TenantLimiter:
             headers += _headers("requests", quota.rpm, stats.remaining, stats.reset_time)
         return Verdict(True, headers=tuple(headers))
 
+    async def reserve(self, key: str, request_id: str, tokens: int) -> Verdict:
+        """Take `tokens` from `key`'s token window now, or refuse (nothing taken)."""
+        quota = self.quota(key)
+        if not quota.tpm:
+            return Verdict(True)
+        self._forget_old()
+        counters = self._counters()
+        try:
+            return await self._reserve(counters, key, request_id, tokens, quota.tpm)
+        except Exception as exc:  # fail open, as admission does
+            if counters is self.local:
+                raise
+            self._trip(exc)
+            return await self._reserve(self.local, key, request_id, tokens, quota.tpm)
+
+    async def _reserve(self, c: _Counters, key: str, request_id: str, tokens: int,
+                       tpm: int) -> Verdict:
+        item = self._item(tpm)
+        if await c.tokens.hit(item, "tok", key, cost=tokens):
+            stats = await c.tokens.get_window_stats(item, "tok", key)
+            self.reserved[request_id] = Reservation(key, tokens, stats.reset_time)
+            return Verdict(True)
+        await _add(c, item, key, -tokens)
+        stats = await c.tokens.get_window_stats(item, "tok", key)
+        return _refused("tokens", tpm, self.window, stats.reset_time,
+                        _headers("tokens", tpm, stats.remaining, stats.reset_time))
+
+    async def settle(self, r: Reservation, used: int) -> None:
+        """The completion ended having used `used` tokens: give back the rest of its
+        reservation (or charge the overshoot), in the window it was taken from."""
+        quota = self.quota(r.key)
+        if not quota.tpm or used == r.tokens:
+            return
+        if used > r.tokens:
+            await self.charge(r.key, used - r.tokens)
+            return
+        if time.time() >= r.until:
+            return  # the window rolled over: its count is gone already
+        item = self._item(quota.tpm)
+        counters = self._counters()
+        try:
+            await _add(counters, item, r.key, used - r.tokens)
+        except Exception as exc:
+            if counters is self.local:
+                raise
+            self._trip(exc)
+
+    def _forget_old(self) -> None:
+        """Reservations of requests that failed before a first token never settle: drop
+        them once their window is over (their count went with it)."""
+        if len(self.reserved) < 1024:
+            return
+        now = time.time()
+        for rid in [rid for rid, r in self.reserved.items() if r.until <= now]:
+            del self.reserved[rid]
+
+    async def count_request(self, key: str) -> Verdict:
+        """One request against `key`'s request window only (its tokens are reserved)."""
+        quota = self.quota(key)
+        if not quota.rpm:
+            return Verdict(True)
+        counters = self._counters()
+        item = self._item(quota.rpm)
+        try:
+            allowed = await counters.requests.hit(item, "req", key)
+            stats = await counters.requests.get_window_stats(item, "req", key)
+        except Exception as exc:
+            if counters is self.local:
+                raise
+            self._trip(exc)
+            return await self.count_request(key)
+        if allowed:
+            return Verdict(True)
+        return _refused("requests", quota.rpm, self.window, stats.reset_time, [])
+
     async def charge(self, tenant: str, tokens: int) -> None:
         quota = self.quota(tenant)
         if not quota.tpm or tokens <= 0:
@@ -155,13 +265,23 @@ class TenantLimiter:
     def on_finish(self, completion: Any) -> None:
         usage = completion.usage
         tokens = usage.total_tokens if usage is not None else completion.output_tokens
-        task = asyncio.get_running_loop().create_task(self.charge(completion.request.tenant, tokens))
+        r = self.reserved.pop(completion.request.id, None)
+        # reserved at admission: settle in the same budget; else (a job, a batch line)
+        # charged to the tenant it runs for
+        task = asyncio.get_running_loop().create_task(
+            self.settle(r, tokens) if r is not None else self.charge(completion.request.tenant, tokens))
         self.pending.add(task)
         task.add_done_callback(self.pending.discard)
 
     async def close(self) -> None:
         if self.pending:
             await asyncio.gather(*self.pending, return_exceptions=True)
+
+
+async def _add(c: _Counters, item: RateLimitItem, key: str, amount: int) -> None:
+    """Add `amount` (negative: give back) to `key`'s token window as it stands."""
+    storage: Any = c.storage  # the async storage (storage_from_string's type is a union)
+    await storage.incr(item.key_for("tok", key), item.get_expiry(), amount=amount)
 
 
 def _headers(kind: str, limit: int, remaining: int, reset_time: float) -> list[tuple[bytes, bytes]]:
@@ -196,15 +316,14 @@ class RateLimit:
         if scope["type"] != "http" or not self.applies(scope):
             await self.app(scope, receive, send)
             return
-        send = await self.admit(scope, send)
-        if send is not None:
-            await self.app(scope, receive, send)
+        admitted = await self.admit(scope, send)
+        if admitted is not None:
+            await self.app(scope, receive, admitted)
 
     async def admit(self, scope: Scope, send: Send) -> Send | None:
         """Charge the scope's tenant one request: None where it is over its quota (the
         429 is sent), else the `send` that adds the x-ratelimit-* headers."""
-        tenant = scope.get("state", {}).get("tenant", "anonymous")
-        verdict = await self.limiter.admit(tenant)
+        verdict = await self.limiter.admit(limit_key(scope, self.limiter.keyed))
         if not verdict.allowed:
             err = RateLimited(verdict.message, retry_after=verdict.retry_after)
             await send_error(send, err, headers=list(verdict.headers))
@@ -218,4 +337,40 @@ class RateLimit:
         return with_headers
 
 
-__all__ = ["Quota", "RateLimit", "TenantLimiter", "Verdict", "storage_url"]
+class JobGate:
+    """Background jobs and batch lines through their tenant's limits as they run (the
+    jobs' `Gate`): each counts one request and reserves its tokens; over the limit it
+    waits for the window (Retry-After) instead of failing, so a batch paces itself and
+    leaves its tenant's live requests only what is left."""
+
+    def __init__(self, limiter: TenantLimiter) -> None:
+        self.limiter = limiter
+
+    async def enter(self, tenant: str, request: Any) -> None:
+        limiter = self.limiter
+        tokens, tpm = estimate_tokens(request), limiter.quota(tenant).tpm
+        if tpm and tokens > tpm:  # it would wait forever: the client's mistake, a 429 now
+            raise RateLimited(f"This request may use {tokens} tokens, more than the "
+                              f"{tpm} tokens per window this key has.")
+        while True:
+            verdict = await limiter.reserve(tenant, request.id, tokens)
+            if verdict.allowed:
+                verdict = await limiter.count_request(tenant)
+                if verdict.allowed:
+                    return
+                taken = limiter.reserved.pop(request.id, None)
+                if taken is not None:
+                    await limiter.settle(taken, 0)  # not running yet: give the tokens back
+            await asyncio.sleep(min(max(verdict.retry_after, 0.05), float(limiter.window)))
+
+
+async def reserve_tokens(limiter: TenantLimiter, scope: Scope, gen: Any) -> None:
+    """Reserve a completion request's tokens before it runs: RateLimited (429) when its
+    budget cannot hold them. Any entry (route, fast lane) calls this once per request."""
+    verdict = await limiter.reserve(limit_key(scope, limiter.keyed), gen.id, estimate_tokens(gen))
+    if not verdict.allowed:
+        raise RateLimited(verdict.message, retry_after=verdict.retry_after)
+
+
+__all__ = ["JobGate", "Quota", "RateLimit", "Reservation", "TenantLimiter", "Verdict", "estimate_tokens",
+           "limit_key", "reserve_tokens", "storage_url"]

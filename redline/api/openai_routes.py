@@ -13,8 +13,10 @@ from fastapi.responses import JSONResponse, Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from redline.api import jobs_routes, sse
+from redline.api.limits import reserve_tokens
 from redline.api.schemas import ChatCompletionRequest, CompletionRequest
 from redline.api.tenant import tenant_from
+from redline.api.unicode import check_text
 from redline.errors import InvalidRequest
 from redline.pipeline import AUTO, Completion, Pipeline
 from redline.routing.router import WouldMiss
@@ -84,11 +86,14 @@ async def completions(body: CompletionRequest, request: Request) -> Response:
 
 async def _handle(request: Request, body: ChatCompletionRequest | CompletionRequest,
                   gen_kind: str) -> Response:
+    check_text(body)  # a lone surrogate is a 400 here, not a 500 in a tokenizer
     headers = _request_headers(request.scope)
     gen = body.to_generation(
         _tier(headers.get(b"x-redline-tier"), body.tier),
         tenant_from(request.scope, headers.get(b"authorization", "")),
         "no-cache" in headers.get(b"cache-control", "").lower())
+    if not jobs_routes.wants_job(body, gen, _pipeline(request)):  # a job is charged as it runs
+        await reserve_tokens(request.app.state.limiter, request.scope, gen)
     return await _serve(request, gen_kind=gen_kind, body=body, gen=gen,
                         request_id=headers.get(b"x-request-id"))
 

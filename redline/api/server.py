@@ -140,6 +140,8 @@ if HttpToolsProtocol is not None:
         _in_headers = True  # the next request's headers are not complete yet
 
         def _arm(self) -> None:
+            if self.pipeline:  # a pipelined request's headers are complete already:
+                return  # it is served next, not cut at a deadline for headers
             self._in_headers = True
             super()._arm()
 

@@ -18,7 +18,7 @@ router = APIRouter()
 
 def _after(stream_id: str, last_event_id: str | None, after: str | None) -> int:
     if after is not None:
-        if not after.isdigit():
+        if not (after.isascii() and after.isdigit()):  # "²".isdigit(), yet no int
             raise InvalidRequest("`after` must be an event seq (a whole number >= 0).", param="after")
         return int(after)
     if last_event_id is None:

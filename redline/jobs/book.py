@@ -8,7 +8,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from redline.jobs.model import NOTIFY_INDEX, STATUSES, Job, Status
+from redline.jobs.model import NOTIFY_INDEX, STATUSES, Job, Status, tenant_index
 from redline.jobs.records import RecordStore, Write
 
 JOB = "job:"
@@ -24,7 +24,7 @@ def _write(job: Job, old: Status | None) -> Write:
         idx[f"status:{old}"] = None
     idx[f"status:{job.status}"] = job.created_at
     if job.kind == "batch":
-        idx["kind:batch"] = job.created_at
+        idx[tenant_index(job.tenant, "batches")] = job.created_at
     unsettled = any(s in ("pending", "sending") for s in job.notified.values())
     idx[NOTIFY_INDEX] = (job.finished_at or job.created_at) if unsettled else None
     return Write(job.dumps(), idx)
@@ -71,6 +71,12 @@ class JobBook:
     async def get(self, job_id: str) -> Job | None:
         raw = await asyncio.to_thread(self.records.get, _key(job_id))
         return None if raw is None else Job.loads(raw)
+
+    async def page(self, index: str, limit: int, after: str | None = None) -> list[str]:
+        """Up to `limit` job ids of `index`, newest first, after job `after`."""
+        rows = await asyncio.to_thread(self.records.page, index, limit,
+                                       None if after is None else _key(after))
+        return [k[len(JOB):] for k, _ in rows if k.startswith(JOB)]
 
     async def ids(self, index: str) -> list[tuple[str, float]]:
         rows = await asyncio.to_thread(self.records.members, index)
@@ -177,12 +183,14 @@ class JobBook:
         return await self._change(job_id, fn)
 
     # -- the user's side -------------------------------------------------------------
-    async def cancel(self, job_id: str) -> Job | None:
+    async def cancel(self, job_id: str, tenant: str) -> Job | None:
         """A queued job is cancelled at once; a running one is asked to stop (its worker
-        sees the flag on its next heartbeat). None if there is no such job."""
+        sees the flag on its next heartbeat). None if there is no such job of `tenant`."""
         now = time.time()
 
         def fn(job: Job) -> bool:
+            if job.tenant != tenant:
+                return False
             if job.status == "queued":
                 _finalize(job, "cancelled", now)
                 job.cancelled_at = now
@@ -194,7 +202,10 @@ class JobBook:
             return False
 
         changed = await self._change(job_id, fn)
-        return changed if changed is not None else await self.get(job_id)
+        if changed is not None:
+            return changed
+        job = await self.get(job_id)
+        return job if job is not None and job.tenant == tenant else None
 
     # -- notifications ------------------------------------------------------------------
     async def claim_notification(self, job_id: str, channel: str, until: float) -> Job | None:

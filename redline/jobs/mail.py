@@ -64,4 +64,4 @@ class Mailer:
     def attempt_s(self) -> float:
         """How long one try may take (with its backoff): the claim on sending lasts this."""
         n = self.cfg.webhook_attempts
-        return self.smtp.timeout_s + self.cfg.webhook_backoff_s * 2 ** (n - 1) + 5
+        return self.smtp.timeout_s + self.cfg.webhook_backoff_s * 2.0 ** (n - 1) + 5

@@ -21,6 +21,12 @@ OPEN: tuple[Status, ...] = ("queued", "running")
 FINAL: tuple[Status, ...] = ("succeeded", "failed", "cancelled")
 STATUSES: tuple[Status, ...] = OPEN + FINAL
 
+def tenant_index(tenant: str, kind: str) -> str:
+    """The index of one tenant's objects of one kind (batches, files): lists page
+    through it instead of loading every record."""
+    return f"tenant:{tenant}:{kind}"
+
+
 # notification state per channel: pending → sending (leased) → sent | failed
 NOTIFY_INDEX = "notify"
 
@@ -38,7 +44,8 @@ class Job:
     result: dict[str, Any] | None = None
     error: dict[str, Any] | None = None
     attempts: int = 0
-    owner: str | None = None
+    owner: str | None = None  # the worker holding the lease (not the tenant)
+    tenant: str = "anonymous"  # whose job: every read, list and cancel checks it
     lease_until: float = 0.0
     cancel_requested: bool = False
     cancelled_at: float | None = None
@@ -57,7 +64,10 @@ class Job:
 
     @classmethod
     def loads(cls, raw: bytes) -> Job:
-        return cls(**json.loads(raw))
+        d = json.loads(raw)
+        # a record from before jobs had a tenant field: its spec has always carried it
+        d.setdefault("tenant", (d.get("spec") or {}).get("tenant", "anonymous"))
+        return cls(**d)
 
     def public(self) -> dict[str, Any]:
         """The job object of API.md."""

@@ -10,16 +10,22 @@ import asyncio
 
 from huey import RedisHuey, SqliteHuey
 from huey.api import Huey
+from redis import ConnectionPool
 
 NAME = "redline-jobs"
 
 
-def open_huey(url: str | None, sqlite_path: str) -> Huey:
+def open_huey(url: str | None, sqlite_path: str, durable: bool = True,
+              timeout_s: float = 2.0) -> Huey:
     if url and url.startswith(("redis://", "rediss://", "unix://")):
-        # non-blocking pops: a blocked BRPOP would hold a thread of the event loop's pool
-        return RedisHuey(NAME, url=url, blocking=False)
-    # fsync off: an enqueue must stay well under 10 ms; WAL still survives a process kill
-    return SqliteHuey(NAME, filename=sqlite_path, fsync=False)
+        # non-blocking pops: a blocked BRPOP would hold a thread of the event loop's pool;
+        # timeouts: a paused Redis fails an enqueue in seconds (a 503), not in minutes
+        pool = ConnectionPool.from_url(url, socket_connect_timeout=timeout_s,
+                                       socket_timeout=timeout_s)
+        return RedisHuey(NAME, connection_pool=pool, blocking=False)
+    # durable: fsync each enqueue (synchronous=FULL), as the job record is, so a 202
+    # survives a power cut; else fsync off, which WAL still makes survive a process kill
+    return SqliteHuey(NAME, filename=sqlite_path, fsync=durable)
 
 
 class JobQueue:

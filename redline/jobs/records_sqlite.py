@@ -1,5 +1,6 @@
 """Job records in SQLite (the embedded default): WAL, so a committed write survives a
-kill -9 of any process; several processes on one machine may share the file."""
+kill -9 of any process (and, durable, a power cut); several processes on one machine
+may share the file."""
 
 from __future__ import annotations
 
@@ -17,15 +18,16 @@ _SCHEMA = (
 
 
 class SQLiteRecords:
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, durable: bool = True) -> None:
         self.url = f"sqlite:///{path}"
         self._lock = threading.Lock()  # one connection, used from worker threads
         self._db = sqlite3.connect(path, timeout=30, check_same_thread=False,
                                    isolation_level=None)
         self._db.execute("pragma journal_mode=wal")
-        # NORMAL: no fsync per commit; still durable against a process crash (the WAL is
-        # in the OS page cache), not against a power cut.
-        self._db.execute("pragma synchronous=normal")
+        # FULL: the WAL is fsynced at each commit, so an accepted job survives a power
+        # cut; NORMAL: no fsync per commit, durable against a process crash only (the
+        # WAL is in the OS page cache). docs/BENCHMARKS.md has what FULL costs.
+        self._db.execute(f"pragma synchronous={'full' if durable else 'normal'}")
         for sql in _SCHEMA:
             self._db.execute(sql)
 
@@ -68,6 +70,23 @@ class SQLiteRecords:
         with self._lock:
             rows = self._db.execute("select member, score from idx where name = ? "
                                     "order by score, member", (index,)).fetchall()
+        return [(str(m), float(s)) for m, s in rows]
+
+    def page(self, index: str, limit: int, after: str | None = None) -> list[tuple[str, float]]:
+        with self._lock:
+            if after is None:
+                rows = self._db.execute("select member, score from idx where name = ? "
+                                        "order by score desc, member desc limit ?",
+                                        (index, limit)).fetchall()
+            else:
+                at = self._db.execute("select score from idx where name = ? and member = ?",
+                                      (index, after)).fetchone()
+                if at is None:
+                    return []
+                rows = self._db.execute(
+                    "select member, score from idx where name = ? and (score < ? or "
+                    "(score = ? and member < ?)) order by score desc, member desc limit ?",
+                    (index, at[0], at[0], after, limit)).fetchall()
         return [(str(m), float(s)) for m, s in rows]
 
     def count(self, index: str) -> int:

@@ -5,19 +5,29 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from typing import Any
+from typing import Any, Protocol
 
 from redline.cache import CachedAnswer
 from redline.errors import BackendError
 from redline.jobs.shapes import response_body
 from redline.jobs.spec import JobSpec
 from redline.pipeline import Pipeline
-from redline.types import Usage
+from redline.types import GenerationRequest, Usage
 
 
-async def run_request(pipeline: Pipeline, spec: JobSpec) -> dict[str, Any]:
+class Gate(Protocol):
+    """The tenant's limits, for requests that run as jobs: `enter` returns once the
+    request may run (it counts against them), waiting while they are spent."""
+
+    async def enter(self, tenant: str, request: GenerationRequest) -> None: ...
+
+
+async def run_request(pipeline: Pipeline, spec: JobSpec,
+                      gate: Gate | None = None) -> dict[str, Any]:
     """The OpenAI response body for `spec`; raises RedlineError when it fails."""
     request = spec.request()
+    if gate is not None:  # a background job or a batch line counts as its tenant's request
+        await gate.enter(spec.tenant, request)
     completion = await pipeline.complete(request)
     text: list[str] = []
     error: str | None = None

@@ -1,12 +1,15 @@
 """Scheduled precompute: the config's {name, cron, endpoint, body} entries become jobs
 at their minute, answered ahead of time so the cache holds a fresh answer when users
-ask. Every worker runs this clock; the job id is the entry's name and minute, so two
-workers create one job."""
+ask. Every worker runs this clock; the job id follows from the entry's name and minute,
+so two workers create one job, keyed with a secret every worker shares (kept in the job
+records) so that nobody outside can guess it and read the job."""
 
 from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import hashlib
+import hmac
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -32,9 +35,15 @@ def matcher(cron: str) -> Callable[[dt.datetime], bool]:
 
 
 class Scheduler:
-    def __init__(self, entries: list[ScheduledJob], decode: Decode, submit: Submit) -> None:
+    def __init__(self, entries: list[ScheduledJob], decode: Decode, submit: Submit,
+                 secret: bytes) -> None:
         self.entries = [(e, matcher(e.cron)) for e in entries]
-        self.decode, self.submit = decode, submit
+        self.decode, self.submit, self.secret = decode, submit, secret
+
+    def job_id(self, name: str, minute: dt.datetime) -> str:
+        """The same on every worker that shares the secret; unguessable without it."""
+        mac = hmac.new(self.secret, f"{name}\0{minute:%Y%m%d%H%M}".encode(), hashlib.sha256)
+        return "job-sched-" + mac.hexdigest()[:32]
 
     async def run_forever(self) -> None:
         while True:
@@ -57,7 +66,7 @@ class Scheduler:
             # a refresh: skip the cache lookup so the answer is new, and store it
             spec = JobSpec(**{**spec.to_dict(), "use_cache": False, "refresh_cache": True,
                               "tier": "B"})
-            job_id = f"job-sched-{entry.name}-{minute:%Y%m%d%H%M}"
+            job_id = self.job_id(entry.name, minute)
             if await self.submit(job_id, spec):
                 created.append(job_id)
         return created

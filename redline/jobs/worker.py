@@ -53,7 +53,6 @@ class Worker:
         self._wake = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self._running: set[asyncio.Task[None]] = set()
-        self._delivering: set[str] = set()
         self._stopping = False
 
     def wake(self) -> None:
@@ -61,6 +60,7 @@ class Worker:
         self._wake.set()
 
     async def start(self) -> None:
+        self.notifier.start()
         self._tasks = [asyncio.create_task(self._dispatch(), name="jobs-dispatch"),
                        asyncio.create_task(self._reap_forever(), name="jobs-reaper")]
 
@@ -70,6 +70,7 @@ class Worker:
         for t in [*self._tasks, *self._running]:
             t.cancel()
         await asyncio.gather(*self._tasks, *self._running, return_exceptions=True)
+        await self.notifier.stop()
 
     # -- taking jobs ------------------------------------------------------------------
     async def _dispatch(self) -> None:
@@ -90,7 +91,13 @@ class Worker:
                 continue
             task = asyncio.create_task(self._execute(job_id))
             self._running.add(task)
-            task.add_done_callback(lambda t: (self._running.discard(t), slots.release()))
+            task.add_done_callback(self._done(slots))
+
+    def _done(self, slots: asyncio.Semaphore) -> Callable[[asyncio.Task[None]], None]:
+        def done(task: asyncio.Task[None]) -> None:
+            self._running.discard(task)
+            slots.release()
+        return done
 
     async def _execute(self, job_id: str) -> None:
         try:
@@ -105,11 +112,12 @@ class Worker:
         if job is None:  # someone else's, or final (maybe failed just now for max attempts)
             done = await self.book.get(job_id)
             if done is not None and done.final and done.notified:
-                await self._deliver(done)
+                self.notifier.enqueue(done)
             return
         ctx = RunContext(job.attempts)
-        work = asyncio.create_task(self.run(job, ctx))
+        work: asyncio.Task[Outcome] = asyncio.ensure_future(self.run(job, ctx))
         beat = asyncio.create_task(self._heartbeat(job, ctx, work))
+        outcome: Outcome | None
         try:
             outcome = await work
         except asyncio.CancelledError:
@@ -128,7 +136,8 @@ class Worker:
                 await self.queue.push(job_id)
             return
         except RedlineError as exc:
-            outcome = await self._failure(job, ctx, exc.status, exc.to_dict()["error"])
+            error: Any = exc.to_dict()["error"]
+            outcome = await self._failure(job, ctx, exc.status, error)
         except Exception as exc:
             log.exception("job %s failed", job_id)
             outcome = await self._failure(job, ctx, 500, {
@@ -141,7 +150,7 @@ class Worker:
         final = await self.book.finish(job_id, ctx.attempt, outcome.status, outcome.result,
                                        outcome.error, outcome.meta, ctx.progress or None)
         if final is not None:
-            await self._deliver(final)
+            self.notifier.enqueue(final)  # sent on the notifier's lanes, not in this slot
 
     async def _failure(self, job: Job, ctx: RunContext, status: int,
                        error: dict[str, Any]) -> Outcome | None:
@@ -171,15 +180,6 @@ class Worker:
                 if job.kind != "batch":  # a batch stops itself and keeps its partial output
                     work.cancel()
 
-    async def _deliver(self, job: Job) -> None:
-        if job.id in self._delivering:
-            return
-        self._delivering.add(job.id)
-        try:
-            await self.notifier.deliver(job)
-        finally:
-            self._delivering.discard(job.id)
-
     # -- what crashes left behind -------------------------------------------------
     async def _reap_forever(self) -> None:
         while True:
@@ -205,10 +205,8 @@ class Worker:
                 if await self.book.requeued(job_id, older_than=cutoff) is not None:
                     await self.queue.push(job_id)
         for job_id, _ in await self.book.ids(NOTIFY_INDEX):
-            if job_id in self._delivering:
+            if self.notifier.busy(job_id):
                 continue
             job = await self.book.get(job_id)
             if job is not None and job.final:
-                task = asyncio.create_task(self._deliver(job))
-                self._running.add(task)
-                task.add_done_callback(self._running.discard)
+                self.notifier.enqueue(job)
