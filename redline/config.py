@@ -69,6 +69,9 @@ class ModelConfig(_Section):
     n_threads: int = Field(0, ge=0, description="0 = all cores")
     warmup: bool = True
     prefix_reuse: bool = True
+    prefix_cache_tokens: int | None = Field(
+        None, ge=0, description="KV cells that idle sequences keep for prefix reuse, all together; "
+        "past it the least recently used are forgotten first. None: n_ctx (one context's worth)")
     size_rank: int = Field(1, description="1 = smallest; routing orders models by it")
     # openai: a remote OpenAI-compatible engine
     url: str | None = None

@@ -40,7 +40,12 @@ class LocalBackend:
         self.engine = Engine(self.model, n_ctx_per_seq=self.cfg.n_ctx, n_seq_max=self.cfg.n_seq_max,
                              n_batch=self.cfg.n_batch, n_threads=self.cfg.n_threads,
                              prefix_reuse=self.cfg.prefix_reuse, arbiter=self.arbiter,
-                             name=cfg.name)
+                             name=cfg.name, cache_cells=self._cache_cells())
+
+    def _cache_cells(self) -> int:
+        """Idle slots' cached prefixes, bounded: every step attends over the cells in use."""
+        tokens = self.cfg.prefix_cache_tokens
+        return self.cfg.n_ctx if tokens is None else tokens
 
     async def warmup(self) -> None:
         """Touch every code path once (prefill, batched decode) so the first user

@@ -31,11 +31,11 @@ log = logging.getLogger(__name__)
 class Engine:
     def __init__(self, model: LlamaModel, *, n_ctx_per_seq: int, n_seq_max: int, n_batch: int,
                  n_threads: int, prefix_reuse: bool = True, arbiter: StepArbiter | None = None,
-                 name: str = "engine") -> None:
+                 name: str = "engine", cache_cells: int | None = None) -> None:
         self.model = model
         self.n_ctx_per_seq = n_ctx_per_seq
         self.runner = LlamaRunner(model, n_ctx_per_seq, n_seq_max, n_batch, n_threads)
-        self.scheduler = Scheduler(n_seq_max, n_batch, prefix_reuse)
+        self.scheduler = Scheduler(n_seq_max, n_batch, prefix_reuse, cache_cells)
         self._inbox: list[Sequence] = []
         self._outbox: list[tuple[Sequence, Chunk]] = []
         self._wake = threading.Condition()
@@ -153,13 +153,16 @@ class Engine:
             self.runner.seq_copy(src, dst, p0, p1)
         if not batch.entries:
             return
-        try:
-            self.runner.decode(batch.entries)
-        except RuntimeError:
-            # KV full: drop the prefix cache of idle slots, then try once more
-            for seq_id in self.scheduler.evict_free():
+        while True:
+            try:
+                self.runner.decode(batch.entries)
+                break
+            except RuntimeError:
+                # KV full: forget idle slots' cached prefixes, oldest first, until it fits
+                seq_id = self.scheduler.evict_oldest()
+                if seq_id is None:
+                    raise
                 self.runner.seq_remove(seq_id, -1, -1)
-            self.runner.decode(batch.entries)
         self.scheduler.commit(batch)
 
     def _reset_slot(self, seq_id: int) -> None:
