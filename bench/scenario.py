@@ -32,7 +32,9 @@ from typing import Any
 import aiohttp
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from routing_common import data_payloads, pct, session  # noqa: E402
+from routing_common import pct, session  # noqa: E402
+
+from redline.backends.sse import data_payloads  # noqa: E402
 
 DATA = Path(__file__).resolve().parent / "data" / "questions.jsonl"
 LINE_S = {"frequent": 1.0, "one-off": 3.0, "report": 3.0}

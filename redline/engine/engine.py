@@ -159,10 +159,10 @@ class Engine:
                 break
             except RuntimeError:
                 # KV full: forget idle slots' cached prefixes, oldest first, until it fits
-                seq_id = self.scheduler.evict_oldest()
-                if seq_id is None:
+                victim = self.scheduler.evict_oldest()
+                if victim is None:
                     raise
-                self.runner.seq_remove(seq_id, -1, -1)
+                self.runner.seq_remove(victim, -1, -1)
         self.scheduler.commit(batch)
 
     def _reset_slot(self, seq_id: int) -> None:
