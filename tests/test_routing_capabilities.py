@@ -174,3 +174,4 @@ def test_the_api_answers_openai_shaped_400_and_completions_still_reach_the_base_
                 "tier": "A"})
             assert r.status_code == 200 and r.headers["x-redline-model"] == "small", r.text
     assert backends["large"].calls == 1
+
