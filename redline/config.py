@@ -69,6 +69,9 @@ class ModelConfig(_Section):
     n_threads: int = Field(0, ge=0, description="0 = all cores")
     warmup: bool = True
     prefix_reuse: bool = True
+    prefix_cache_tokens: int | None = Field(
+        None, ge=0, description="KV cells that idle sequences keep for prefix reuse, all together; "
+        "past it the least recently used are forgotten first. None: n_ctx (one context's worth)")
     size_rank: int = Field(1, description="1 = smallest; routing orders models by it")
     # openai: a remote OpenAI-compatible engine
     url: str | None = None
@@ -111,11 +114,11 @@ def _default_models() -> list[ModelConfig]:
         # (perplexity -0.36 %, same question accuracy) and doubles prefill speed there
         ModelConfig(name="smollm2-135m-instruct", bundled="smollm2-135m-instruct", size_rank=1,
                     weights="auto"),
-        # a base model: it continues text well enough, but does not follow chat turns
-        ModelConfig(
-            name="gemma3-270m", bundled="gemma3-270m", chat_template="gemma", size_rank=2,
-            capabilities=["completions"],
-        ),
+        # the large model: an instruction-tuned chat model (~3.5× SmolLM2's compute a token).
+        # It replaced gemma3-270m here, a base model that does not follow chat turns (still
+        # bundled: `bundled: gemma3-270m`, `capabilities: [completions]`)
+        ModelConfig(name="qwen2.5-coder-0.5b-instruct", bundled="qwen2.5-coder-0.5b-instruct",
+                    size_rank=2),
     ]
 
 

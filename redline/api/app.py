@@ -31,6 +31,7 @@ from redline.api.server import CountInflight, Inflight
 from redline.backends.base import Backend
 from redline.cache import ResponseCache
 from redline.config import ModelConfig, RedlineConfig
+from redline.engine.arbiter import StepArbiter
 from redline.experiments import Experiments
 from redline.jobs.service import JobService
 from redline.pipeline import Pipeline
@@ -45,11 +46,12 @@ log = logging.getLogger(__name__)
 
 
 
-def build_backend(cfg: ModelConfig, models_dir: Path) -> Backend:
+def build_backend(cfg: ModelConfig, models_dir: Path, arbiter: StepArbiter | None = None) -> Backend:
+    """`arbiter`: shared by every local model of the process (they take turns on the cores)."""
     if cfg.backend == "local":
         from redline.backends.local import LocalBackend
 
-        return LocalBackend(cfg, models_dir)
+        return LocalBackend(cfg, models_dir, arbiter)
     if cfg.backend == "openai":
         from redline.backends.openai_compat import from_config
 
@@ -102,12 +104,15 @@ def create_app(config: RedlineConfig, backends: Mapping[str, Backend] | None = N
     metrics = Metrics(enabled=config.telemetry.metrics)
     if backends is None:
         models_dir = config.data_path("models", ".keep").parent
-        backends = {m.name: build_backend(m, models_dir) for m in config.models}
+        arbiter = StepArbiter()  # one budget for the cores, whatever the number of local models
+        backends = {m.name: build_backend(m, models_dir, arbiter) for m in config.models}
     default = config.default_model if config.default_model in backends else next(iter(backends))
     threads = library_threads(config.server.library_threads, backends)
     pipeline = Pipeline(backends, default, metrics,
                         router=Router(backends, default, config.routing, metrics,
-                                      embedder_threads=threads))
+                                      embedder_threads=threads,
+                                      capabilities={m.name: m.effective_capabilities()
+                                                    for m in config.models}))
     store = open_store(config.store.url or "memory://")  # the one store: caches, journals, ...
     if config.cache.enabled:
         pipeline.cache = ResponseCache(config.cache, store, metrics, embedder_threads=threads)

@@ -9,16 +9,19 @@ from pathlib import Path
 
 from redline.backends.base import BackendInfo
 from redline.config import ModelConfig
+from redline.engine.arbiter import StepArbiter
 from redline.engine.engine import Engine
 from redline.engine.llama import LlamaModel
-from redline.errors import ContextLengthExceeded, NotReady
+from redline.errors import ContextLengthExceeded, InvalidRequest, NotReady
 from redline.models import bundled_path, served_path
 from redline.types import Chunk, GenerationRequest, SamplingParams
 
 
 class LocalBackend:
-    def __init__(self, cfg: ModelConfig, models_dir: Path) -> None:
+    def __init__(self, cfg: ModelConfig, models_dir: Path, arbiter: StepArbiter | None = None) -> None:
         self.cfg = cfg
+        # shared with the process's other local models: one engine steps at a time
+        self.arbiter = arbiter or StepArbiter()
         self._models_dir = models_dir
         self.info = BackendInfo(cfg.name, "local", cfg.n_ctx, cfg.size_rank)
         self.engine: Engine | None = None
@@ -36,7 +39,13 @@ class LocalBackend:
         self.model = LlamaModel(str(path), self.cfg.chat_template)
         self.engine = Engine(self.model, n_ctx_per_seq=self.cfg.n_ctx, n_seq_max=self.cfg.n_seq_max,
                              n_batch=self.cfg.n_batch, n_threads=self.cfg.n_threads,
-                             prefix_reuse=self.cfg.prefix_reuse)
+                             prefix_reuse=self.cfg.prefix_reuse, arbiter=self.arbiter,
+                             name=cfg.name, cache_cells=self._cache_cells())
+
+    def _cache_cells(self) -> int:
+        """Idle slots' cached prefixes, bounded: every step attends over the cells in use."""
+        tokens = self.cfg.prefix_cache_tokens
+        return self.cfg.n_ctx if tokens is None else tokens
 
     async def warmup(self) -> None:
         """Touch every code path once (prefill, batched decode) so the first user
@@ -61,6 +70,10 @@ class LocalBackend:
     async def stream(self, request: GenerationRequest) -> AsyncIterator[Chunk]:
         if self.engine is None or self.model is None:
             raise NotReady("the model is still loading", retry_after=1)
+        if request.is_chat and not self.cfg.has("chat"):  # the router refuses it first
+            raise InvalidRequest(f"The model `{self.cfg.name}` serves completions only (a base "
+                                 "model: it has no chat capability).", param="model",
+                                 code="model_not_supported")
         t0 = time.perf_counter()
         tokens = self.prompt_tokens(request)
         tokenize_s = time.perf_counter() - t0
@@ -82,6 +95,11 @@ class LocalBackend:
 
     def load(self) -> int:
         return self.engine.active if self.engine else 0
+
+    def slowdown(self) -> float:
+        """For the planner: how much longer work takes here now than alone, because the
+        process's other local models have work on the same cores."""
+        return self.engine.slowdown() if self.engine else 1.0
 
     async def close(self) -> None:
         if self.engine is not None:

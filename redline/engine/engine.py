@@ -2,6 +2,9 @@
 
     step():  batch = scheduler.schedule()  →  runner.decode(batch)  →  postprocess(batch)
 
+Every step is taken under a turn of the process's `StepArbiter`, shared by all local
+engines: two engines never run their llama.cpp thread teams on the same cores at once.
+
 Requests enter from any thread or event loop through `generate()`, an async
 iterator of `Chunk`s; closing the iterator cancels the sequence, and the slot is
 free before the next step.
@@ -15,6 +18,7 @@ import threading
 import time
 from collections.abc import AsyncIterator
 
+from redline.engine.arbiter import StepArbiter
 from redline.engine.llama import LlamaModel, LlamaRunner
 from redline.engine.scheduler import ScheduledBatch, Scheduler
 from redline.engine.sequence import Sequence
@@ -26,17 +30,21 @@ log = logging.getLogger(__name__)
 
 class Engine:
     def __init__(self, model: LlamaModel, *, n_ctx_per_seq: int, n_seq_max: int, n_batch: int,
-                 n_threads: int, prefix_reuse: bool = True) -> None:
+                 n_threads: int, prefix_reuse: bool = True, arbiter: StepArbiter | None = None,
+                 name: str = "engine", cache_cells: int | None = None) -> None:
         self.model = model
         self.n_ctx_per_seq = n_ctx_per_seq
         self.runner = LlamaRunner(model, n_ctx_per_seq, n_seq_max, n_batch, n_threads)
-        self.scheduler = Scheduler(n_seq_max, n_batch, prefix_reuse)
+        self.scheduler = Scheduler(n_seq_max, n_batch, prefix_reuse, cache_cells)
         self._inbox: list[Sequence] = []
         self._outbox: list[tuple[Sequence, Chunk]] = []
         self._wake = threading.Condition()
         self._stop = False
         self._dead: BaseException | None = None
         self.steps = 0
+        # one engine alone still takes turns (uncontended: a lock per step)
+        self.arbiter = arbiter or StepArbiter()
+        self._member = self.arbiter.join(name, lambda: self.active)
         self._thread = threading.Thread(target=self._loop, name=f"engine-{id(self):x}", daemon=True)
         self._thread.start()
 
@@ -72,11 +80,16 @@ class Engine:
     def active(self) -> int:
         return len(self.scheduler.running) + len(self.scheduler.waiting) + len(self._inbox)
 
+    def slowdown(self) -> float:
+        """How much longer work takes here now than alone (other engines' work)."""
+        return self.arbiter.slowdown(self._member)
+
     def close(self) -> None:
         with self._wake:
             self._stop = True
             self._wake.notify()
         self._thread.join(timeout=10)
+        self.arbiter.leave(self._member)
         self.runner.close()
 
     # ---- the scheduler thread ----------------------------------------------
@@ -93,7 +106,8 @@ class Engine:
                     self._inbox.clear()
                 self._drop_cancelled()
                 if self.scheduler.has_work():
-                    self.step()
+                    with self.arbiter.turn(self._member):
+                        self.step()
                 self._flush()
         except BaseException as exc:  # the engine is dead: tell every waiting client
             log.exception("engine thread died")
@@ -139,13 +153,16 @@ class Engine:
             self.runner.seq_copy(src, dst, p0, p1)
         if not batch.entries:
             return
-        try:
-            self.runner.decode(batch.entries)
-        except RuntimeError:
-            # KV full: drop the prefix cache of idle slots, then try once more
-            for seq_id in self.scheduler.evict_free():
-                self.runner.seq_remove(seq_id, -1, -1)
-            self.runner.decode(batch.entries)
+        while True:
+            try:
+                self.runner.decode(batch.entries)
+                break
+            except RuntimeError:
+                # KV full: forget idle slots' cached prefixes, oldest first, until it fits
+                victim = self.scheduler.evict_oldest()
+                if victim is None:
+                    raise
+                self.runner.seq_remove(victim, -1, -1)
         self.scheduler.commit(batch)
 
     def _reset_slot(self, seq_id: int) -> None:

@@ -9,6 +9,11 @@ Prefix reuse: a slot (llama.cpp sequence id) keeps the KV of its last tokens aft
 its sequence leaves. A new prompt takes the free slot whose cached tokens share the
 longest prefix with it, or copies the shared prefix from a running sequence
 (`seq_cp`: cells are shared in the unified KV buffer, nothing is recomputed).
+
+The cells that free slots keep for reuse are bounded (`cache_cells`): past the bound, the
+slot used longest ago is forgotten first, before the next step. Every step attends over
+the cells in use, and a full buffer fails a decode: when one fails, the engine forgets
+free slots' prefixes oldest first, one at a time, until it fits (`evict_oldest`).
 """
 
 from __future__ import annotations
@@ -56,10 +61,13 @@ def common_prefix(a: list[int], b: list[int]) -> int:
 
 
 class Scheduler:
-    def __init__(self, n_seq_max: int, n_batch: int, prefix_reuse: bool = True) -> None:
+    def __init__(self, n_seq_max: int, n_batch: int, prefix_reuse: bool = True,
+                 cache_cells: int | None = None) -> None:
         self.slots = [Slot(i) for i in range(n_seq_max)]
         self.n_batch = n_batch
         self.prefix_reuse = prefix_reuse
+        self.cache_cells = cache_cells  # cells free slots may keep for reuse; None: no bound
+        self.evictions = 0
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
 
@@ -93,6 +101,7 @@ class Scheduler:
         samplers: list[tuple[Sequence, int]] = []
         fed: list[tuple[Sequence, list[int]]] = []
         kv = KVOps()
+        self._trim(kv)
         # 1. decode: one token for each sequence past its prompt
         for seq in self.running:
             if seq.in_prefill:
@@ -157,6 +166,31 @@ class Scheduler:
         for seq, tokens in batch.fed:
             seq.n_fed += len(tokens)
             self.slots[seq.slot].tokens.extend(tokens)  # type: ignore[index]
+
+    def cached_cells(self) -> int:
+        """Cells that free slots keep for prefix reuse."""
+        return sum(len(s.tokens) for s in self.slots if s.owner is None)
+
+    def _trim(self, kv: KVOps) -> None:
+        """Keep free slots' cached prefixes within `cache_cells`, forgetting the oldest."""
+        if self.cache_cells is None:
+            return
+        while self.cached_cells() > self.cache_cells:
+            seq_id = self.evict_oldest()
+            if seq_id is None:
+                return
+            kv.removals.append((seq_id, 0))
+
+    def evict_oldest(self) -> int | None:
+        """Forget the cached prefix of the free slot used longest ago; its seq id, or None
+        when no free slot holds any."""
+        held = [s for s in self.slots if s.owner is None and s.tokens]
+        if not held:
+            return None
+        slot = min(held, key=lambda s: s.last_used)
+        slot.tokens = []
+        self.evictions += 1
+        return slot.seq_id
 
     def evict_free(self) -> list[int]:
         """Forget the cached KV of every free slot (when the cache is full)."""

@@ -1,8 +1,14 @@
 """Live estimates per backend replica, learned from what it does (llm-d routes on
 predicted TTFT the same way):
 
-    TTFT ≈ base + queue_per_req · outstanding + prompt_tokens / prefill_rate
-    total ≈ TTFT + (output_tokens − 1) · tpot
+    TTFT ≈ slowdown · (base + queue_per_req · outstanding + prompt_tokens / prefill_rate)
+    total ≈ TTFT + slowdown · (output_tokens − 1) · tpot
+
+`slowdown` is what sharing the cores costs a local model now (its engine takes turns
+with the process's other local engines, see engine/arbiter.py: with k others holding
+work it is about k + 1); 1 for a remote engine. Times are learnt divided by the slowdown
+seen when they were measured, so the fit describes the engine alone and the prediction
+puts today's sharing back in.
 
 The TTFT coefficients come from an exponentially-forgetting least-squares fit over
 (outstanding at start, prompt tokens) → observed TTFT, so the queue term grows when the
@@ -15,6 +21,7 @@ from __future__ import annotations
 import time
 from collections import deque
 from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
 
 import numpy as np
 
@@ -24,6 +31,17 @@ class Prediction:
     ttft_s: float
     total_s: float
     queue_s: float
+
+
+@runtime_checkable
+class SharesCores(Protocol):
+    """A backend that shares this machine's cores with others (the local engines)."""
+
+    def slowdown(self) -> float: ...
+
+
+def slowdown_of(replica: object) -> float:
+    return replica.slowdown() if isinstance(replica, SharesCores) else 1.0
 
 
 class ReplicaStats:
@@ -43,7 +61,9 @@ class ReplicaStats:
         self.errors = 0
         self.last_seen = 0.0
 
-    def observe_ttft(self, ttft_s: float, load_at_start: int, prompt_tokens: int) -> None:
+    def observe_ttft(self, ttft_s: float, load_at_start: int, prompt_tokens: int,
+                     slowdown: float = 1.0) -> None:
+        ttft_s /= max(slowdown, 1.0)
         x = (1.0, float(load_at_start), prompt_tokens / 1000.0)
         f = self.forget
         for i in range(3):
@@ -57,7 +77,8 @@ class ReplicaStats:
         self.last_seen = time.monotonic()
         self.coef()  # solved here, off the next request's path (the router calls this late)
 
-    def observe_tpot(self, tpot_s: float, alpha: float = 0.1) -> None:
+    def observe_tpot(self, tpot_s: float, alpha: float = 0.1, slowdown: float = 1.0) -> None:
+        tpot_s /= max(slowdown, 1.0)
         self.tpot_s += alpha * (tpot_s - self.tpot_s)
 
     def observe_output(self, tokens: int, alpha: float = 0.1) -> None:
@@ -80,7 +101,8 @@ class ReplicaStats:
             return None
         return float(np.quantile(np.fromiter(self._ttfts, float), 0.9))
 
-    def predict(self, load: int, prompt_tokens: int, output_tokens: int) -> Prediction:
+    def predict(self, load: int, prompt_tokens: int, output_tokens: int,
+                slowdown: float = 1.0) -> Prediction:
         if self.samples < 3:
             queue = 0.0
             ttft = self.prior_ttft_s
@@ -88,8 +110,9 @@ class ReplicaStats:
             base, per_req, per_ktok = self.coef()
             queue = per_req * load
             ttft = base + queue + per_ktok * prompt_tokens / 1000.0
-        total = ttft + max(0, output_tokens - 1) * self.tpot_s
-        return Prediction(ttft, total, queue)
+        k = max(slowdown, 1.0)
+        total = k * (ttft + max(0, output_tokens - 1) * self.tpot_s)
+        return Prediction(k * ttft, total, k * queue)
 
 
 def _solve3(m: list[list[float]], b: list[float]) -> list[float]:

@@ -16,7 +16,7 @@ import dataclasses
 import logging
 import re
 import time
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 
 from redline.backends.base import Backend
@@ -26,8 +26,9 @@ from redline.errors import BackendError, InvalidRequest, ModelNotFound, RedlineE
 from redline.routing.admission import Admission
 from redline.routing.breaker import Breakers
 from redline.routing.budget import RatioBudget
+from redline.routing.capabilities import Capabilities, required
 from redline.routing.classifier import Classifier, Decision
-from redline.routing.estimates import Estimates, Prediction
+from redline.routing.estimates import Estimates, Prediction, slowdown_of
 from redline.routing.hedge import Opened, hedged
 from redline.routing.planner import Plan, plan
 from redline.telemetry.metrics import Metrics
@@ -65,13 +66,17 @@ class _Call:
     first: Chunk
     rest: AsyncIterator[Chunk]
     t_first: float
+    slowdown: float = 1.0  # sharing the cores at the start (local models)
 
 
 class Router:
     def __init__(self, backends: Mapping[str, Backend], default_model: str, config: RoutingConfig,
                  metrics: Metrics, classifier: Classifier | None = None,
-                 embedder_threads: int = 1) -> None:
+                 embedder_threads: int = 1,
+                 capabilities: Mapping[str, Iterable[str]] | None = None) -> None:
         self.backends = dict(backends)
+        # what each model serves (config); `auto`, rules and fallbacks pick only among these
+        self.capabilities = Capabilities(capabilities)
         self.embedder_threads = embedder_threads  # torch's, for the embeddings classifier
         self.default_model = default_model
         self.cfg = config
@@ -104,13 +109,19 @@ class Router:
     # -- deciding -------------------------------------------------------------------
 
     def decide(self, request: GenerationRequest) -> tuple[str, list[str], Decision | None]:
-        """The tier to serve and the candidate models, best first."""
+        """The tier to serve and the candidate models, best first: only models that have
+        every capability the request needs (a chat request never goes to a base model)."""
         name = request.model
         if name != AUTO and name not in self.backends:
             raise ModelNotFound(f"The model `{name}` does not exist.", param="model")
+        needs = required(request)
+        if name != AUTO:
+            self.capabilities.check(name, needs)
         if not self.slo:  # FCFS, no tiers: the named (or default) model, its fallbacks
             model = self.default_model if name == AUTO else name
-            return request.tier or "S", self._chain(model), None
+            if name == AUTO and not self.capabilities.serves(model, needs):
+                model = self._first_serving(needs)
+            return request.tier or "S", self._chain(model, needs), None
         text = _last_user_text(request)
         rule = next((r for rx, r in self._rules if rx.search(text)), None)
         decision = None
@@ -119,20 +130,32 @@ class Router:
         tier = request.tier or (rule.tier if rule and rule.tier else None) or (
             decision.tier if decision else "S")
         if name != AUTO:
-            return tier, self._chain(name), decision
-        if rule is not None and rule.model is not None:
-            return tier, self._chain(rule.model), decision
+            return tier, self._chain(name, needs), decision
+        # a rule's model that cannot serve this request is passed over, not obeyed
+        if rule is not None and rule.model is not None and rule.model in self.backends \
+                and self.capabilities.serves(rule.model, needs):
+            return tier, self._chain(rule.model, needs), decision
         # tier S is served small-first (DESIGN: cache, small model, hedged): a large model's
         # queue is what makes interactive answers miss; complex ones go large in A and B
         complex_ = tier == "B" or (tier == "A" and decision is not None
                                    and decision.difficulty == "complex")
         order = list(reversed(self._by_size)) if complex_ else list(self._by_size)
+        order = self.capabilities.only(order, needs)
+        if not order:
+            raise self.capabilities.none_serves(needs)
         return tier, order, decision
 
-    def _chain(self, model: str) -> list[str]:
+    def _first_serving(self, needs: frozenset[str]) -> str:
+        serving = self.capabilities.only(self._by_size, needs)
+        if not serving:
+            raise self.capabilities.none_serves(needs)
+        return serving[0]
+
+    def _chain(self, model: str, needs: frozenset[str]) -> list[str]:
+        """`model`, then its configured fallbacks that can serve what the request needs."""
         chain = [model]
         for m in self.cfg.fallbacks.get(model, []):
-            if m in self.backends and m not in chain:
+            if m in self.backends and m not in chain and self.capabilities.serves(m, needs):
                 chain.append(m)
         return chain
 
@@ -150,7 +173,8 @@ class Router:
             if not self.usable(r):
                 continue
             stats = self.estimates.of(r)
-            p = stats.predict(r.load(), prompt_tokens, stats.expected_tokens(max_tokens))
+            p = stats.predict(r.load(), prompt_tokens, stats.expected_tokens(max_tokens),
+                              slowdown_of(r))  # local models: others' work on the same cores
             if best is None or p.ttft_s < best.ttft_s:
                 best = p
         return best
@@ -162,7 +186,8 @@ class Router:
         max_tokens = request.sampling.max_tokens
 
         def tpot_of(model: str) -> float:
-            return min(self.estimates.of(r).tpot_s for r in replicas_of(self.backends[model]))
+            return min(self.estimates.of(r).tpot_s * slowdown_of(r)
+                       for r in replicas_of(self.backends[model]))
 
         return plan(tier, self.cfg.tiers[tier], candidates,  # type: ignore[index]
                     lambda m: self.predict(m, n_prompt, max_tokens), max_tokens, tpot_of,
@@ -265,6 +290,7 @@ class Router:
 
     async def _open(self, replica: Backend, req: GenerationRequest) -> Opened[_Call]:
         load = replica.load()
+        slowdown = slowdown_of(replica)
         t0 = time.perf_counter()
         it = replica.stream(req).__aiter__()
         try:
@@ -282,8 +308,9 @@ class Router:
         # learnt after this step, which writes the first token to the client: the
         # estimate's update (a least-squares solve) is not on that token's path
         asyncio.get_running_loop().call_soon(
-            self.estimates.of(replica).observe_ttft, t_first - t0, load, _prompt_tokens(req))
-        return Opened(_Call(replica, first, it, t_first), lambda: _aclose(it))
+            self.estimates.of(replica).observe_ttft, t_first - t0, load, _prompt_tokens(req),
+            slowdown)
+        return Opened(_Call(replica, first, it, t_first, slowdown), lambda: _aclose(it))
 
     def finish(self, tier: str, call: _Call, arrival: float, tokens: int, ok: bool) -> None:
         if self.slo:
@@ -293,7 +320,9 @@ class Router:
         if ok:
             stats.observe_output(tokens)
             if tokens > 1:
-                stats.observe_tpot((end - call.t_first) / (tokens - 1))
+                # the sharing seen over the stream: the mean of its two ends
+                stats.observe_tpot((end - call.t_first) / (tokens - 1), slowdown=(
+                    call.slowdown + slowdown_of(call.replica)) / 2)
         # SLO violations are counted from the finished completion by telemetry's long-tail log
 
 

@@ -1,0 +1,62 @@
+"""What each model can serve, and what a request needs from it.
+
+A model's capabilities come from its config (`ModelConfig.effective_capabilities()`:
+a remote engine is asked for everything, a local model gets what the embedded engine
+serves, a base model lists no `chat`). The router only chooses, orders and falls back
+to models that have everything the request needs; a request naming a model that lacks
+one is a 400 with `param: "model"`, never an answer from the wrong kind of model."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+from redline.config import REMOTE_CAPABILITIES
+from redline.errors import InvalidRequest
+from redline.types import GenerationRequest
+
+_CHAT = frozenset(("chat",))
+_COMPLETIONS = frozenset(("completions",))
+
+
+def required(request: GenerationRequest) -> frozenset[str]:
+    """The capabilities a request needs (tools, json_schema, ... join here as they are read)."""
+    return _CHAT if request.is_chat else _COMPLETIONS
+
+
+class Capabilities:
+    """Capabilities by model name; a model not listed is asked for everything (its
+    backend decides, as a remote engine does)."""
+
+    def __init__(self, by_model: Mapping[str, Iterable[str]] | None = None) -> None:
+        self._by_model = {name: frozenset(caps) for name, caps in (by_model or {}).items()}
+
+    def of(self, model: str) -> frozenset[str]:
+        return self._by_model.get(model, REMOTE_CAPABILITIES)
+
+    def serves(self, model: str, needs: frozenset[str]) -> bool:
+        return needs <= self.of(model)
+
+    def only(self, models: Iterable[str], needs: frozenset[str]) -> list[str]:
+        """`models` in their order, less those that lack something `needs`."""
+        return [m for m in models if self.serves(m, needs)]
+
+    def check(self, model: str, needs: frozenset[str]) -> None:
+        """A 400 naming what `model` lacks, when it lacks anything `needs`."""
+        missing = needs - self.of(model)
+        if not missing:
+            return
+        has = self.of(model)
+        if missing == _CHAT and "completions" in has:
+            raise InvalidRequest(
+                f"The model `{model}` serves completions only (a base model: it has no chat "
+                "capability). Send its prompt to /v1/completions, or use a chat model or `auto`.",
+                param="model", code="model_not_supported")
+        raise InvalidRequest(
+            f"The model `{model}` does not support {', '.join(sorted(missing))} "
+            f"(it serves: {', '.join(sorted(has)) or 'nothing'}).",
+            param="model", code="model_not_supported")
+
+    def none_serves(self, needs: frozenset[str]) -> InvalidRequest:
+        return InvalidRequest(
+            f"No configured model serves {', '.join(sorted(needs))}; name a model that does.",
+            param="model", code="model_not_supported")
