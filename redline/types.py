@@ -190,6 +190,17 @@ class GenerationRequest:
     def is_chat(self) -> bool:
         return self.messages is not None
 
+    def is_plain(self) -> bool:
+        """Text in, text out, one choice: nothing beyond what redline had before tools,
+        response formats, logprobs and `extra` (what every part of redline carries)."""
+        s = self.sampling
+        return (not self.tools and self.tool_choice is None and self.parallel_tool_calls is None
+                and (self.response_format is None or self.response_format.type == "text")
+                and s.n == 1 and not s.logprobs and s.top_logprobs is None and not s.logit_bias
+                and s.presence_penalty is None and s.frequency_penalty is None and not self.extra
+                and all(m.parts is None and not m.tool_calls and m.tool_call_id is None
+                        and m.name is None and not m.extra for m in self.messages or ()))
+
     def needs(self) -> frozenset[str]:
         """The model capabilities (config.Capability) that this request needs."""
         out = {"chat" if self.is_chat else "completions"}

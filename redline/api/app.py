@@ -16,6 +16,7 @@ from fastapi import FastAPI
 from redline.api import (
     admin_routes,
     batch_routes,
+    embeddings_routes,
     errors,
     experiments_routes,
     jobs_routes,
@@ -152,6 +153,7 @@ def create_app(config: RedlineConfig, backends: Mapping[str, Backend] | None = N
 
     app.include_router(ops_routes.router)
     app.include_router(openai_routes.router)
+    app.include_router(embeddings_routes.router)
     app.include_router(stream_routes.router)
     app.include_router(jobs_routes.router)
     app.include_router(batch_routes.router)

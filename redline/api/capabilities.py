@@ -47,6 +47,8 @@ def _local(model: ModelConfig, request: GenerationRequest) -> None:
                ("presence_penalty", bool(s.presence_penalty)),
                ("frequency_penalty", bool(s.frequency_penalty))]
     refused += [(name, True) for name in request.extra]
+    # earlier tool turns: the embedded engine's chat template renders text only
+    refused.append(("messages", any(m.tool_calls or m.tool_call_id for m in request.messages or ())))
     for param, asked in refused:
         if asked:
             raise InvalidRequest(f"The model `{model.name}` (the embedded engine) does not "

@@ -16,7 +16,11 @@ from the request alone (deterministic but for the tool-call ids):
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import json
+import math
+import struct
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -209,3 +213,25 @@ def prompt_words(body: dict[str, Any], chat: bool) -> int:
     else:
         text = str(body.get("prompt") or "")
     return max(1, len(text.split()))
+
+
+def embedding_answer(body: dict[str, Any]) -> dict[str, Any]:
+    """/v1/embeddings: a unit vector per input (`dimensions`, default 8) made from its
+    text's (or token array's) hash; base64 as OpenAI encodes it (little-endian float32)."""
+    raw = body.get("input")
+    items = [raw] if isinstance(raw, str) or (isinstance(raw, list) and raw
+                                              and isinstance(raw[0], int)) else list(raw or ())
+    dim = int(body.get("dimensions") or 8)
+    data, tokens = [], 0
+    for i, item in enumerate(items):
+        seed = int.from_bytes(hashlib.sha256(json.dumps(item).encode()).digest()[:8], "little")
+        vec = [((seed >> (k % 60)) % 97 + 1) / 97.0 for k in range(dim)]
+        norm = math.sqrt(sum(x * x for x in vec))
+        vec = [x / norm for x in vec]
+        tokens += len(item) if isinstance(item, list) else len(str(item).split())
+        value: Any = vec
+        if body.get("encoding_format") == "base64":
+            value = base64.b64encode(struct.pack(f"<{dim}f", *vec)).decode()
+        data.append({"object": "embedding", "index": i, "embedding": value})
+    return {"object": "list", "data": data, "model": body.get("model"),
+            "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}

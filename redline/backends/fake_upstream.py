@@ -28,7 +28,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from redline.backends.fake_answers import Answer, prompt_words
+from redline.backends.fake_answers import Answer, embedding_answer, prompt_words
 
 
 @dataclass
@@ -137,6 +137,11 @@ def create_upstream(spec: UpstreamSpec, name: str = "fake-upstream") -> Starlett
                 if not finished:
                     stats.cancelled += 1
 
+    async def embeddings(request: Request) -> Response:
+        body = await request.json()
+        last_body[:] = [body]
+        return JSONResponse(embedding_answer(body))
+
     async def last(_: Request) -> Response:
         return JSONResponse(last_body[0] if last_body else None)
 
@@ -145,6 +150,7 @@ def create_upstream(spec: UpstreamSpec, name: str = "fake-upstream") -> Starlett
         Route("/reset", reset, methods=["POST"]),
         Route("/v1/chat/completions", chat, methods=["POST"]),
         Route("/v1/completions", text, methods=["POST"]),
+        Route("/v1/embeddings", embeddings, methods=["POST"]),
         Route("/readyz", lambda _: JSONResponse({"ok": True})),
     ])
     app.state.stats = stats
