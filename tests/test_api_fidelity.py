@@ -41,6 +41,7 @@ FEATURES: dict[str, dict[str, Any]] = {
     "n_tools": {"messages": ASK, "n": 2, "tools": [WEATHER]},
     "image": {"messages": [{"role": "user", "content": [{"type": "text", "text": "What is it?"},
                                                         IMAGE]}]},
+    "reasoning": {"messages": ASK, "reasoning_effort": "low"},
     "json_schema": {"messages": ASK, "response_format": {"type": "json_schema", "json_schema": {
         "name": "w", "strict": True, "schema": {"type": "object", "properties": {
             "temp": {"type": "number"}, "sky": {"enum": ["clear", "rain"]}}}}}},
@@ -92,8 +93,9 @@ def _events(stream: Any) -> tuple[list[Any], Any]:
             d = c.delta
             calls = None if d.tool_calls is None else [t.model_dump() for t in d.tool_calls]
             lps = None if c.logprobs is None else c.logprobs.model_dump()
-            if d.content or calls or c.finish_reason or lps:
-                seen.append((c.index, d.content, calls, lps, c.finish_reason))
+            thought = (d.model_extra or {}).get("reasoning_content")
+            if d.content or calls or c.finish_reason or lps or thought:
+                seen.append((c.index, d.content, thought, calls, lps, c.finish_reason))
     return seen, usage
 
 
@@ -112,6 +114,9 @@ def test_the_client_gets_what_the_upstream_gives(servers: Any, feature: str) -> 
     # tool-call ids are the upstream's own per request: compare them by shape only
     assert _strip(got_events) == _strip(want_events)
     assert got_events[0], "the stream said something"
+    if feature == "reasoning":
+        assert got.choices[0].message.model_extra["reasoning_content"] == "Let me think."
+        assert [e[2] for e in got_events[0][:2]] == ["Let me", " think."]
 
 
 def _strip(value: Any) -> Any:

@@ -10,6 +10,8 @@ from the request alone (deterministic but for the tool-call ids):
   properties) in 3-character pieces.
 - otherwise "tok tok ..." up to max_tokens (choice i>0 says "tok<i>"), the first piece
   "images:<k>" when the messages hold k image parts.
+- `reasoning_effort` set: `reasoning_content` deltas before the answer (as vLLM's and
+  DeepSeek's reasoning models stream them).
 - `n` choices, interleaved step by step; `logprobs`/`top_logprobs` (chat's shape, or
   completions' `logprobs: k`); usage with `prompt_tokens_details.cached_tokens` when set.
 """
@@ -89,6 +91,9 @@ class Answer:
         if len(pieces) > max_tokens:
             pieces, finish = pieces[:max_tokens], "length"
         steps: list[tuple[Any, bool]] = [({"content": p}, True) for p in pieces]
+        if body.get("reasoning_effort"):  # a reasoning model thinks first (vLLM, DeepSeek)
+            steps[:0] = [({"reasoning_content": p, "content": None}, False)
+                         for p in ("Let me", " think.")]
         steps[0][0]["role"] = "assistant"
         return _Choice(steps, finish)
 
@@ -172,6 +177,7 @@ class Answer:
             out: dict[str, Any] = {"index": index}
             if self.chat:
                 content = "".join(p.get("content") or "" for p, _ in c.steps)
+                reasoning = "".join(p.get("reasoning_content") or "" for p, _ in c.steps)
                 calls: dict[int, dict[str, Any]] = {}
                 for p, _ in c.steps:
                     for d in p.get("tool_calls") or ():
@@ -185,6 +191,8 @@ class Answer:
                                            "refusal": None}
                 if calls:
                     message["tool_calls"] = [calls[k] for k in sorted(calls)]
+                if reasoning:
+                    message["reasoning_content"] = reasoning
                 out["message"] = message
                 out["logprobs"] = None if lps is None else {
                     "content": [x for lp in lps for x in lp["content"]], "refusal": None}
