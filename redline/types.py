@@ -28,13 +28,13 @@ class _NoExtra(dict[str, Any]):
     """The shared empty `extra`: a dict (JSON encoders take it as one) that cannot change,
     and hashable (a dataclass default must be)."""
 
-    def __hash__(self) -> int:
+    def __hash__(self) -> int:  # type: ignore[override]
         return 0
 
     def _frozen(self, *_: Any, **__: Any) -> Any:
         raise TypeError("NO_EXTRA cannot change")
 
-    __setitem__ = __delitem__ = update = setdefault = pop = popitem = clear = _frozen  # type: ignore[assignment]
+    __setitem__ = __delitem__ = update = setdefault = pop = popitem = clear = _frozen
 
 
 NO_EXTRA: Extra = _NoExtra()

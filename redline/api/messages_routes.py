@@ -33,10 +33,10 @@ async def messages(request: Request) -> Response:
         try:
             body = anthropic.MessagesRequest.model_validate_json(await request.body())
         except ValidationError as exc:
-            first = exc.errors()[0] if exc.errors() else {}
-            where = ".".join(str(p) for p in first.get("loc", ()))
-            raise InvalidRequest(f"{where}: {first.get('msg', 'invalid value')}",
-                                 param=where or None) from exc
+            errors = exc.errors()
+            where = ".".join(str(p) for p in errors[0]["loc"]) if errors else ""
+            what = errors[0]["msg"] if errors else "invalid value"
+            raise InvalidRequest(f"{where}: {what}", param=where or None) from exc
         headers = request.headers
         gen = body.to_generation(headers.get("x-redline-tier") or body.tier,
                                  tenant_from(request.scope, headers.get("authorization", "")),

@@ -282,7 +282,8 @@ def _response_format(raw: dict[str, Any] | None) -> ResponseFormat | None:
 
 
 def _check_schema(schema: Any, param: str) -> None:
-    import jsonschema  # imported here: only requests with schemas pay for it
+    # imported here: only requests with schemas pay for it (no type stubs are installed)
+    import jsonschema  # type: ignore[import-untyped,unused-ignore]
 
     if not isinstance(schema, dict):
         raise InvalidRequest(f"'{param}' must be a JSON Schema object.", param=param)
