@@ -42,7 +42,7 @@ Capability = Literal["chat", "completions", "tools", "json_schema", "vision", "l
 REMOTE_CAPABILITIES: frozenset[str] = frozenset(
     ("chat", "completions", "tools", "json_schema", "vision", "logprobs"))
 # what the embedded engine can serve on a local model (grows with the engine)
-LOCAL_CAPABILITIES: frozenset[str] = frozenset(("chat", "completions"))
+LOCAL_CAPABILITIES: frozenset[str] = frozenset(("chat", "completions", "logprobs"))
 
 
 class ModelConfig(_Section):

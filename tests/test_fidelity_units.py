@@ -70,7 +70,8 @@ def test_capabilities_are_checked_against_the_configured_model() -> None:
                                 {"name": "base", "bundled": "x", "capabilities": ["completions"]}],
                         server={"max_n": 2})
     check(cfg, gen())
-    cases = [({"tools": [TOOL]}, "tools"), ({"logprobs": True}, "logprobs"),
+    check(cfg, gen(logprobs=True, top_logprobs=5))  # the embedded engine serves logprobs
+    cases = [({"tools": [TOOL]}, "tools"),
              ({"response_format": {"type": "json_object"}}, "response_format"),
              ({"n": 2}, "n"), ({"n": 3}, "n"), ({"presence_penalty": 0.5}, "presence_penalty"),
              ({"reasoning_effort": "low"}, "reasoning_effort"),

@@ -43,10 +43,17 @@ def _chat_logprobs(lps: Sequence[TokenLogprob]) -> dict[str, Any]:
         for t in lps], "refusal": None}
 
 
-def _text_logprobs(lps: Sequence[TokenLogprob]) -> dict[str, Any]:
+def _text_logprobs(lps: Sequence[TokenLogprob], at: int) -> dict[str, Any]:
+    """Completions' shape; a token without its own offset (the embedded engine's) starts
+    where the previous one ended, from `at`."""
+    offsets = []
+    for t in lps:
+        at = t.offset if t.offset is not None else at
+        offsets.append(at)
+        at += len(t.token)
     return {"tokens": [t.token for t in lps], "token_logprobs": [t.logprob for t in lps],
             "top_logprobs": [{o.token: o.logprob for o in t.top} for t in lps],
-            "text_offset": [t.offset or 0 for t in lps]}
+            "text_offset": offsets}
 
 
 def _call_delta(d: ToolCallDelta) -> dict[str, Any]:
@@ -72,7 +79,7 @@ def _call(c: ToolCall) -> dict[str, Any]:
 class ChunkEncoder:
     """The JSON of one response's events and of its whole answer."""
 
-    __slots__ = ("kind", "id", "model", "created", "include_usage", "_object")
+    __slots__ = ("kind", "id", "model", "created", "include_usage", "_object", "_offsets")
 
     def __init__(self, kind: Kind, gen_id: str, model: str, include_usage: bool = False) -> None:
         self.kind = kind
@@ -81,6 +88,7 @@ class ChunkEncoder:
         self.created = int(time.time())
         self.include_usage = include_usage
         self._object = "chat.completion.chunk" if kind == "chat" else "text_completion"
+        self._offsets: dict[int, int] = {}  # choice -> text length so far (text logprobs)
 
     def _event(self, choices: list[dict[str, Any]], redline: dict[str, Any] | None) -> str:
         out: dict[str, Any] = {"id": self.id, "object": self._object, "created": self.created,
@@ -91,10 +99,16 @@ class ChunkEncoder:
             out["redline"] = redline
         return orjson.dumps(out).decode()
 
-    def _logprobs(self, lps: Sequence[TokenLogprob] | None) -> dict[str, Any] | None:
+    def _logprobs(self, lps: Sequence[TokenLogprob] | None, index: int = 0,
+                  whole: bool = False) -> dict[str, Any] | None:
         if lps is None:
             return None
-        return _chat_logprobs(lps) if self.kind == "chat" else _text_logprobs(lps)
+        if self.kind == "chat":
+            return _chat_logprobs(lps)
+        out = _text_logprobs(lps, 0 if whole else self._offsets.get(index, 0))
+        if not whole and lps:
+            self._offsets[index] = out["text_offset"][-1] + len(lps[-1].token)
+        return out
 
     def role(self, index: int, progress: dict[str, Any] | None) -> str:
         """Chat's first event of a choice: the assistant role."""
@@ -118,7 +132,7 @@ class ChunkEncoder:
             choice["delta"] = delta
         else:
             choice["text"] = chunk.text
-        choice["logprobs"] = self._logprobs(chunk.logprobs)
+        choice["logprobs"] = self._logprobs(chunk.logprobs, chunk.index)
         choice["finish_reason"] = None
         return self._event([choice], None if progress is None else {"progress": progress})
 
@@ -166,7 +180,7 @@ class ChunkEncoder:
                 choice["message"] = message
             else:
                 choice["text"] = text
-            choice["logprobs"] = self._logprobs(c.logprobs)
+            choice["logprobs"] = self._logprobs(c.logprobs, c.index, whole=True)
             choice["finish_reason"] = c.finish_reason or default_finish
             out.append(choice)
         return orjson.dumps({"id": self.id,
