@@ -123,3 +123,46 @@ def test_the_encoder_writes_fragments_logprobs_and_choices_as_openai_does() -> N
     assert whole["choices"][1]["finish_reason"] == "tool_calls"
     assert whole["usage"] == {"prompt_tokens": 3, "completion_tokens": 4, "total_tokens": 7,
                               "prompt_tokens_details": {"cached_tokens": 1}}
+
+
+def test_the_cache_keeps_answers_to_different_formats_and_tools_apart(tmp_path: Any) -> None:
+    """Through the API (a fake backend, the real cache with a hashing embedder): the same
+    question with another response_format or tools is never served the first's answer,
+    exactly or semantically; the same request again is."""
+    import time
+
+    from fastapi.testclient import TestClient
+
+    from redline.api.app import create_app
+    from redline.backends.fake import FakeBackend
+    from redline.cache.embedder import HashingEmbedder
+
+    cfg = RedlineConfig(server={"data_dir": str(tmp_path)}, store={"url": "memory://"},
+                        cache={"similarity_threshold": 0.5})
+    app = create_app(cfg, backends={"fake": FakeBackend(words=("a", "b"))})
+    app.state.pipeline.cache.embedder = HashingEmbedder()
+
+    def ask(c: TestClient, **extra: Any) -> str:
+        r = c.post("/v1/chat/completions", json={
+            "model": "fake", "temperature": 0, "max_tokens": 2,
+            "messages": [{"role": "user", "content": "How do I reset my password?"}], **extra})
+        assert r.status_code == 200, r.text
+        cache = app.state.pipeline.cache
+        deadline = time.monotonic() + 10
+        while cache._tasks and time.monotonic() < deadline:  # the answer stored
+            time.sleep(0.01)
+        return str(r.headers["x-redline-cache"])
+
+    with TestClient(app) as c:
+        deadline = time.monotonic() + 120
+        while c.get("/readyz").status_code != 200 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert ask(c) == "miss"
+        assert ask(c) == "hit"
+        assert ask(c, response_format={"type": "json_object"}) == "miss"
+        assert ask(c, response_format={"type": "json_object"}) == "hit"
+        assert ask(c, response_format={"type": "json_schema", "json_schema": {
+            "name": "x", "schema": {"type": "object"}}}) == "miss"
+        assert ask(c, tools=[TOOL]) == "bypass"  # a tool-call answer is never stored or served
+        assert ask(c, tools=[TOOL]) == "bypass"
+        assert ask(c, seed=1) == "miss"
