@@ -8,8 +8,10 @@ never go upstream."""
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Literal
 
+import orjson
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from redline.errors import InvalidRequest
@@ -282,16 +284,31 @@ def _response_format(raw: dict[str, Any] | None) -> ResponseFormat | None:
 
 
 def _check_schema(schema: Any, param: str) -> None:
-    # imported here: only requests with schemas pay for it (no type stubs are installed)
-    import jsonschema  # type: ignore[import-untyped,unused-ignore]
-
     if not isinstance(schema, dict):
         raise InvalidRequest(f"'{param}' must be a JSON Schema object.", param=param)
     try:
+        key = orjson.dumps(schema, option=orjson.OPT_SORT_KEYS)
+    except (TypeError, orjson.JSONEncodeError) as exc:
+        raise InvalidRequest(f"'{param}' is not a JSON Schema.", param=param) from exc
+    error = _schema_error(key)
+    if error is not None:
+        raise InvalidRequest(f"'{param}' is not a valid JSON Schema: {error}", param=param)
+
+
+@functools.lru_cache(maxsize=1024)
+def _schema_error(canonical: bytes) -> str | None:
+    """Why a schema (canonical JSON) is not valid JSON Schema, or None. Remembered: a
+    check against the 2020-12 metaschema costs ~3 ms, and clients resend the same tools
+    with every turn."""
+    # imported here: only requests with schemas pay for it (no type stubs are installed)
+    import jsonschema  # type: ignore[import-untyped,unused-ignore]
+
+    schema = orjson.loads(canonical)
+    try:
         jsonschema.validators.validator_for(schema).check_schema(schema)
     except jsonschema.SchemaError as exc:
-        raise InvalidRequest(f"'{param}' is not a valid JSON Schema: {exc.message}",
-                             param=param) from exc
+        return str(exc.message)
+    return None
 
 
 def _tier(value: str | None) -> Any:
