@@ -27,6 +27,7 @@ class ServerConfig(_Section):
     max_body_bytes: int = Field(1 << 20, ge=1024, description="413 above this request size")
     data_dir: str = Field(".redline", description="SQLite files and assembled models live here")
     log_level: str = "info"
+    max_n: int = Field(8, ge=1, le=128, description="most choices (`n`) one request may ask for")
     library_threads: int | None = Field(
         None, ge=0, description="threads that torch (the MiniLM embedder) and BLAS (numpy's "
         "OpenBLAS: the semantic index) may use in this process; 0 = their defaults (every core); "
@@ -41,7 +42,7 @@ Capability = Literal["chat", "completions", "tools", "json_schema", "vision", "l
 REMOTE_CAPABILITIES: frozenset[str] = frozenset(
     ("chat", "completions", "tools", "json_schema", "vision", "logprobs"))
 # what the embedded engine can serve on a local model (grows with the engine)
-LOCAL_CAPABILITIES: frozenset[str] = frozenset(("chat", "completions"))
+LOCAL_CAPABILITIES: frozenset[str] = frozenset(("chat", "completions", "logprobs"))
 
 
 class ModelConfig(_Section):

@@ -1,7 +1,11 @@
 """Typed values that cross stage boundaries: a request in, chunks out.
 
 Every stage of the pipeline (api → routing → cache → backend → streams) passes
-these, never loose dicts.
+these, never loose dicts. The request carries all of OpenAI's chat and completion
+fields (structured messages, tools, response formats, logprobs, n, penalties) and the
+answer all of its deltas (text, reasoning, tool-call fragments, logprobs, per choice);
+what redline does not model rides along in `extra` mappings, both ways, so that a
+remote engine gets the client's fields and the client the engine's, unchanged.
 """
 
 from __future__ import annotations
@@ -9,11 +13,31 @@ from __future__ import annotations
 import os
 import threading
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 Tier = Literal["S", "A", "B"]
-FinishReason = Literal["stop", "length", "cancelled", "error"]
+FinishReason = Literal["stop", "length", "tool_calls", "content_filter", "function_call",
+                       "cancelled", "error"]
+# fields a value does not model, as they came (JSON values): passed on unchanged
+Extra = Mapping[str, Any]
+
+
+class _NoExtra(dict[str, Any]):
+    """The shared empty `extra`: a dict (JSON encoders take it as one) that cannot change,
+    and hashable (a dataclass default must be)."""
+
+    def __hash__(self) -> int:  # type: ignore[override]
+        return 0
+
+    def _frozen(self, *_: Any, **__: Any) -> Any:
+        raise TypeError("NO_EXTRA cannot change")
+
+    __setitem__ = __delitem__ = update = setdefault = pop = popitem = clear = _frozen
+
+
+NO_EXTRA: Extra = _NoExtra()
 
 STAGES = ("queue", "cache", "route", "tokenize", "prefill", "decode", "detokenize", "total")
 
@@ -49,14 +73,75 @@ def new_id(prefix: str) -> str:
 
 
 @dataclass(frozen=True)
+class ContentPart:
+    """One part of a message's content: `text`, `image_url` (a URL or a data: URL), or
+    another type passed on as it came (its fields in `extra`)."""
+
+    type: str
+    text: str | None = None
+    image_url: str | None = None
+    detail: str | None = None  # image_url's detail: auto, low, high
+    extra: Extra = NO_EXTRA  # the part's other fields (image_url's others under "image_url")
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    """A complete call of a function tool, as an assistant message carries it."""
+
+    id: str
+    name: str
+    arguments: str  # JSON text, as the model wrote it (not parsed: it may not be valid)
+    type: str = "function"
+
+
+@dataclass(frozen=True)
 class Message:
     role: str
-    content: str
+    content: str = ""  # the text (a list of parts: their text joined), what local engines read
+    parts: tuple[ContentPart, ...] | None = None  # the content as parts, when it came as a list
+    tool_calls: tuple[ToolCall, ...] = ()
+    tool_call_id: str | None = None  # role "tool": the call it answers
+    name: str | None = None
+    null_content: bool = False  # content was null or absent (an assistant turn of tool calls)
+    extra: Extra = NO_EXTRA
+
+    @property
+    def images(self) -> int:
+        return sum(1 for p in self.parts or () if p.type == "image_url")
+
+
+@dataclass(frozen=True)
+class FunctionTool:
+    """A tool the model may call (chat completions knows only function tools)."""
+
+    name: str
+    description: str | None = None
+    parameters: Extra | None = None  # a JSON Schema
+    strict: bool | None = None
+    extra: Extra = NO_EXTRA
+
+
+@dataclass(frozen=True)
+class ToolChoice:
+    """`none`, `auto`, `required`, or `function` (then `name` is the one to call)."""
+
+    mode: Literal["none", "auto", "required", "function"]
+    name: str | None = None
+
+
+@dataclass(frozen=True)
+class ResponseFormat:
+    type: Literal["text", "json_object", "json_schema"]
+    name: str | None = None  # json_schema's
+    schema: Extra | None = None
+    strict: bool | None = None
+    description: str | None = None
 
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """Per-request sampling. temperature 0 means greedy."""
+    """Per-request sampling. temperature 0 means greedy. None: the client did not set it
+    (a remote engine then applies its own default)."""
 
     max_tokens: int = 256
     temperature: float = 1.0
@@ -65,6 +150,12 @@ class SamplingParams:
     stop: tuple[str, ...] = ()
     seed: int | None = None
     ignore_eos: bool = False
+    n: int = 1  # choices
+    logprobs: bool = False
+    top_logprobs: int | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    logit_bias: tuple[tuple[str, float], ...] = ()  # (token id, bias), in the client's order
 
     @property
     def greedy(self) -> bool:
@@ -86,11 +177,42 @@ class GenerationRequest:
     user: str | None = None  # OpenAI's end-user id (A/B assignment is sticky on it)
     # the client takes a 202 job (tier B) when its tier's first-token budget can't be met
     allow_background: bool = False
+    tools: tuple[FunctionTool, ...] = ()
+    tool_choice: ToolChoice | None = None
+    parallel_tool_calls: bool | None = None
+    response_format: ResponseFormat | None = None
+    max_tokens_field: str = "max_tokens"  # or "max_completion_tokens": as the client named it
+    # the client's fields that redline does not model: a remote engine gets them unchanged
+    extra: Extra = NO_EXTRA
     arrival: float = field(default_factory=time.perf_counter)
 
     @property
     def is_chat(self) -> bool:
         return self.messages is not None
+
+    def is_plain(self) -> bool:
+        """Text in, text out, one choice: nothing beyond what redline had before tools,
+        response formats, logprobs and `extra` (what every part of redline carries)."""
+        s = self.sampling
+        return (not self.tools and self.tool_choice is None and self.parallel_tool_calls is None
+                and (self.response_format is None or self.response_format.type == "text")
+                and s.n == 1 and not s.logprobs and s.top_logprobs is None and not s.logit_bias
+                and s.presence_penalty is None and s.frequency_penalty is None and not self.extra
+                and all(m.parts is None and not m.tool_calls and m.tool_call_id is None
+                        and m.name is None and not m.extra for m in self.messages or ()))
+
+    def needs(self) -> frozenset[str]:
+        """The model capabilities (config.Capability) that this request needs."""
+        out = {"chat" if self.is_chat else "completions"}
+        if self.tools and (self.tool_choice is None or self.tool_choice.mode != "none"):
+            out.add("tools")
+        if self.response_format is not None and self.response_format.type != "text":
+            out.add("json_schema")
+        if self.sampling.logprobs or self.sampling.top_logprobs:
+            out.add("logprobs")
+        if any(m.images for m in self.messages or ()):
+            out.add("vision")
+        return frozenset(out)
 
 
 @dataclass
@@ -112,16 +234,51 @@ class StageTimings:
 class Usage:
     prompt_tokens: int
     completion_tokens: int
+    cached_tokens: int | None = None  # prompt_tokens_details.cached_tokens, where reported
+    prompt_details: Extra = NO_EXTRA  # prompt_tokens_details' other fields
+    completion_details: Extra | None = None  # completion_tokens_details, as reported
 
     @property
     def total_tokens(self) -> int:
         return self.prompt_tokens + self.completion_tokens
 
 
+@dataclass(frozen=True)
+class TopLogprob:
+    token: str
+    logprob: float
+    bytes: tuple[int, ...] | None = None
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    """One sampled token's log-probability and its most likely alternatives."""
+
+    token: str
+    logprob: float
+    bytes: tuple[int, ...] | None = None
+    top: tuple[TopLogprob, ...] = ()
+    offset: int | None = None  # text completions: where the token starts in the text
+
+
+@dataclass(frozen=True)
+class ToolCallDelta:
+    """A fragment of a streamed tool call: the first of a call carries its `id`, `type`
+    and function `name`, later ones pieces of `arguments`; None: absent in the fragment
+    (kept as the engine split them, so a client sees its exact fragments)."""
+
+    index: int
+    id: str | None = None
+    type: str | None = None
+    name: str | None = None
+    arguments: str | None = None
+
+
 @dataclass
 class Chunk:
-    """A piece of generated text. The last chunk of a stream has `finish_reason` set,
-    and carries `usage` and the backend's stage `timings`."""
+    """A piece of one choice's answer (choice `index`). The last chunk of a stream has
+    `finish_reason` set, and carries `usage` and the backend's stage `timings`; with
+    several choices, each other choice's end is a chunk with `ends_choice` set."""
 
     text: str = ""
     tokens: int = 0  # output tokens this chunk covers
@@ -129,3 +286,65 @@ class Chunk:
     usage: Usage | None = None
     timings: StageTimings | None = None
     error: str | None = None
+    index: int = 0
+    reasoning: str = ""  # reasoning_content (DeepSeek- and vLLM-style reasoning models)
+    tool_calls: tuple[ToolCallDelta, ...] = ()
+    logprobs: tuple[TokenLogprob, ...] | None = None
+    ends_choice: FinishReason | None = None
+    extra: Extra = NO_EXTRA  # the delta's fields that redline does not model
+
+    @property
+    def finish(self) -> FinishReason | None:
+        """How this chunk's choice ended here, if it did."""
+        return self.finish_reason or self.ends_choice
+
+    @property
+    def has_delta(self) -> bool:
+        return bool(self.text or self.reasoning or self.tool_calls or self.logprobs
+                    or self.extra)
+
+
+@dataclass
+class ChoiceAnswer:
+    """One choice's whole answer, assembled from its chunks (a non-streamed reply)."""
+
+    index: int
+    text: list[str] = field(default_factory=list)
+    reasoning: list[str] = field(default_factory=list)
+    calls: dict[int, list[Any]] = field(default_factory=dict)  # index -> [id, type, name, args]
+    logprobs: list[TokenLogprob] | None = None
+    finish_reason: FinishReason | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def add(self, chunk: Chunk) -> None:
+        if chunk.text:
+            self.text.append(chunk.text)
+        if chunk.reasoning:
+            self.reasoning.append(chunk.reasoning)
+        for d in chunk.tool_calls:
+            call = self.calls.setdefault(d.index, [None, None, None, []])
+            call[0] = call[0] if d.id is None else d.id
+            call[1] = call[1] if d.type is None else d.type
+            call[2] = call[2] if d.name is None else (call[2] or "") + d.name
+            if d.arguments:
+                call[3].append(d.arguments)
+        if chunk.logprobs is not None:
+            self.logprobs = [*(self.logprobs or ()), *chunk.logprobs]
+        for key, value in chunk.extra.items():  # strings are streamed in pieces; others whole
+            old = self.extra.get(key)
+            self.extra[key] = old + value if isinstance(old, str) and isinstance(value, str) \
+                else value
+        if chunk.finish is not None:
+            self.finish_reason = chunk.finish
+
+    def tool_calls(self) -> tuple[ToolCall, ...]:
+        return tuple(ToolCall(c[0] or "", c[2] or "", "".join(c[3]), c[1] or "function")
+                     for _, c in sorted(self.calls.items()))
+
+
+def assemble(chunks: list[Chunk], n: int = 1) -> list[ChoiceAnswer]:
+    """The choices of an answer from its chunks, in index order (n at least)."""
+    out = {i: ChoiceAnswer(i) for i in range(n)}
+    for chunk in chunks:
+        out.setdefault(chunk.index, ChoiceAnswer(chunk.index)).add(chunk)
+    return [out[i] for i in sorted(out)]

@@ -1,5 +1,5 @@
-"""The relay's fast paths: the per-token SSE chunk is built from a template and must be
-byte for byte what encoding the chunk's dict gives (the JSON an OpenAI client parses);
+"""The relay's fast paths: the per-token SSE chunk is OpenAI's chunk JSON (the JSON an
+OpenAI client parses);
 the server's own send, put in the scope for body chunks, must not outlive the request
 (a reference cycle there is garbage for the collector on every request)."""
 
@@ -12,49 +12,42 @@ import weakref
 
 import pytest
 
-from redline.api.openai_routes import _ChatShape, _TextShape
+from redline.api.chunks import ChunkEncoder
 from redline.api.sse import RAW_SEND, EventStream, expose_raw_send
+from redline.types import Chunk
 
 TEXTS = ["Hello", " world", "quote \" and \\ backslash", "line\nbreak\ttab", "naïve — 日本語 🙂",
          "\x00\x1f control", '{"not": "json"}', "}]},", "\x00redline-text\x00"]
 
 
-@pytest.mark.parametrize("shape_cls", [_ChatShape, _TextShape])
+@pytest.mark.parametrize("kind", ["chat", "text"])
 @pytest.mark.parametrize("include_usage", [False, True])
 @pytest.mark.parametrize("progress", [None, {"tokens": 3, "expected_tokens": 40, "eta_ms": 812},
                                       {"tokens": 1, "expected_tokens": 64, "eta_ms": None}])
-def test_template_chunk_equals_the_encoded_dict(shape_cls, include_usage, progress):
-    shape = shape_cls("req-ab\"c", 'model "q" ü')
-    encode = shape.encoder(include_usage)
+def test_text_chunk_is_the_openai_chunk(kind, include_usage, progress):
+    """The per-token event (api/chunks.py) is OpenAI's chunk JSON, whatever the text holds,
+    and the same as the general delta encoder's for a plain text chunk."""
+    enc = ChunkEncoder(kind, "req-ab\"c", 'model "q" ü', include_usage)
     for text in TEXTS:
-        redline = None if progress is None else {"progress": progress}
-        want = json.dumps(shape.piece(text, None, include_usage, redline=redline),
-                          separators=(",", ":"))
-        got = encode(text, progress)
-        assert got == want
-        choice = json.loads(got)["choices"][0]
-        assert (choice["delta"]["content"] if shape_cls is _ChatShape else choice["text"]) == text
+        got = enc.text(text, progress)
+        assert got == enc.delta(Chunk(text=text, tokens=1), progress)
+        data = json.loads(got)
+        assert list(data)[:5] == ["id", "object", "created", "model", "choices"]
+        assert (data["id"], data["model"]) == ('chatcmpl-ab"c' if kind == "chat" else 'cmpl-ab"c',
+                                               'model "q" ü')
+        assert ("usage" in data) is include_usage and data.get("usage") is None
+        assert data.get("redline") == (None if progress is None else {"progress": progress})
+        choice = data["choices"][0]
+        assert (choice["delta"]["content"] if kind == "chat" else choice["text"]) == text
+        assert choice["logprobs"] is None and choice["finish_reason"] is None
 
 
-@pytest.mark.parametrize("include_usage", [False, True])
-@pytest.mark.parametrize("progress", [None, {"tokens": 0, "expected_tokens": 40, "eta_ms": None}])
-def test_template_role_chunk_equals_the_encoded_dict(include_usage, progress):
-    shape = _ChatShape("req-ab\"c", 'model "q" ü')
-    redline = None if progress is None else {"progress": progress}
-    want = json.dumps(shape.delta({"role": "assistant", "content": ""}, None, include_usage,
-                                  redline=redline), separators=(",", ":"))
-    assert shape.role(include_usage, progress) == want
-
-
-def test_templates_are_shared_across_streams_but_carry_each_streams_id_and_time():
-    first, second = _ChatShape("req-1", "m"), _ChatShape("req-2", "m")
-    second.created = first.created + 5
-    for shape in (first, second):  # the second reuses the first's template
-        got = json.loads(shape.encoder(False)("hi", None))
-        assert (got["id"], got["created"], got["model"]) == (shape.id, shape.created, "m")
-        assert json.loads(shape.role(False, None))["id"] == shape.id
-    other = _ChatShape("req-3", "n")  # another model: its own template
-    assert json.loads(other.encoder(False)("hi", None))["model"] == "n"
+def test_role_chunk_opens_each_choice():
+    enc = ChunkEncoder("chat", "req-1", "m")
+    data = json.loads(enc.role(2, {"tokens": 0, "expected_tokens": 40, "eta_ms": None}))
+    assert data["choices"] == [{"index": 2, "delta": {"role": "assistant", "content": ""},
+                                "logprobs": None, "finish_reason": None}]
+    assert data["redline"]["progress"]["expected_tokens"] == 40
 
 
 class _Cycle:

@@ -52,6 +52,10 @@ def check(response: Any, label: str) -> None:
     if response.status_code >= 400:
         assert (header(response, "content-type") or "").startswith("application/json"), label
         body = response.json()
+        if label.endswith("/v1/messages"):  # Anthropic's Messages API: Anthropic's error shape
+            assert body["type"] == "error" and set(body["error"]) == {"type", "message"}, label
+            assert isinstance(body["error"]["message"], str) and body["error"]["message"]
+            return
         assert set(body) == {"error"}, f"{label}: {body}"
         assert set(body["error"]) == {"message", "type", "param", "code"}, f"{label}: {body}"
         assert isinstance(body["error"]["message"], str) and body["error"]["message"]

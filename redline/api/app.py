@@ -16,9 +16,11 @@ from fastapi import FastAPI
 from redline.api import (
     admin_routes,
     batch_routes,
+    embeddings_routes,
     errors,
     experiments_routes,
     jobs_routes,
+    messages_routes,
     openai_routes,
     ops_routes,
     stream_routes,
@@ -158,6 +160,8 @@ def create_app(config: RedlineConfig, backends: Mapping[str, Backend] | None = N
 
     app.include_router(ops_routes.router)
     app.include_router(openai_routes.router)
+    app.include_router(embeddings_routes.router)
+    app.include_router(messages_routes.router)
     app.include_router(stream_routes.router)
     app.include_router(jobs_routes.router)
     app.include_router(batch_routes.router)

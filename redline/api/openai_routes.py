@@ -3,16 +3,15 @@
 from __future__ import annotations
 
 import contextlib
-import json
-import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from redline.api import jobs_routes, sse
+from redline.api import capabilities, jobs_routes, sse
+from redline.api.chunks import ChunkEncoder
 from redline.api.limits import reserve_tokens
 from redline.api.schemas import ChatCompletionRequest, CompletionRequest
 from redline.api.tenant import tenant_from
@@ -22,7 +21,7 @@ from redline.pipeline import AUTO, Completion, Pipeline
 from redline.routing.router import WouldMiss
 from redline.streams import Progress, StreamManager
 from redline.streams.live import WriteThrough
-from redline.types import Chunk, new_id
+from redline.types import Chunk, assemble, new_id
 
 router = APIRouter()
 
@@ -92,6 +91,7 @@ async def _handle(request: Request, body: ChatCompletionRequest | CompletionRequ
         _tier(headers.get(b"x-redline-tier"), body.tier),
         tenant_from(request.scope, headers.get(b"authorization", "")),
         "no-cache" in headers.get(b"cache-control", "").lower())
+    capabilities.check(request.app.state.config, gen, AUTO)
     if not jobs_routes.wants_job(body, gen, _pipeline(request)):  # a job is charged as it runs
         await reserve_tokens(request.app.state.limiter, request.scope, gen)
     return await _serve(request, gen_kind=gen_kind, body=body, gen=gen,
@@ -219,14 +219,14 @@ async def _serve(request: Request, *, gen_kind: str, body: Any, gen: Any,
             "X-Redline-Stream-Id": stream_id, "Cache-Control": "no-cache",
             "X-Accel-Buffering": "no"}
         # generation runs in its own task (journalled, resumable); this response only reads
-        events = _sse(completion, parts.shape, stream_id, body.include_usage, parts.progress,
-                      parts.piece)
+        events = _sse(completion, parts.encoder, stream_id, parts.progress)
         # the first token is in hand: encode its events here, so that the response's
         # first write carries it. Handed to a producer task, it would wait for that task
         # to start and then for this one to wake: two trips through a busy event loop.
         first: list[bytes] = []
         try:
-            for _ in range(2 if gen_kind == "chat" else 1):  # chat: the role event, then it
+            # chat: the role event of each choice, then it
+            for _ in range(1 + gen.sampling.n if gen_kind == "chat" else 1):
                 first.append(await events.__anext__())
         except StopAsyncIteration:
             pass
@@ -237,36 +237,29 @@ async def _serve(request: Request, *, gen_kind: str, body: Any, gen: Any,
         through = WriteThrough()  # the producer writes the tokens once the response is under way
         return sse.EventStream(streams.follow(live, through=through), headers=headers,
                                first_ready=bool(first), on_started=through.offer)
-    shape = _shape(gen_kind, gen.id, completion.model)
-    text = []
-    async for chunk in completion.chunks:
-        text.append(chunk.text)
-    payload = shape.full("".join(text), completion)
-    return JSONResponse(payload, headers=_headers(completion, request_id))
-
-
-def _shape(gen_kind: str, gen_id: str, model: str) -> _Shape:
-    return _ChatShape(gen_id, model) if gen_kind == "chat" else _TextShape(gen_id, model)
+    encoder = ChunkEncoder(gen_kind, gen.id, completion.model)  # type: ignore[arg-type]
+    got = [chunk async for chunk in completion.chunks]
+    payload = encoder.full(assemble(got, gen.sampling.n), completion.usage,
+                           completion.finish_reason or "stop")
+    return Response(payload, media_type="application/json",
+                    headers=_headers(completion, request_id))
 
 
 class _StreamParts:
-    """What a streamed response takes from its model and tier: the chunk shape, its
-    per-token encoder, the progress tracker (a prediction from the length history)."""
+    """What a streamed response takes from its model and tier: the chunk encoder and the
+    progress tracker (a prediction from the length history)."""
 
-    __slots__ = ("model", "tier", "shape", "piece", "progress")
+    __slots__ = ("model", "tier", "encoder", "progress")
 
     def __init__(self, gen: Any, gen_kind: str, include_usage: bool, streams: StreamManager,
                  model: str, tier: str) -> None:
         self.model, self.tier = model, tier
-        self.shape = _shape(gen_kind, gen.id, model)
-        self.piece = self.shape.encoder(include_usage)
+        self.encoder = ChunkEncoder(gen_kind, gen.id, model, include_usage)  # type: ignore[arg-type]
         self.progress = streams.progress(gen, model, tier)
 
 
-async def _sse(c: Completion, shape: _Shape, stream_id: str, include_usage: bool,
-               progress: Progress | None = None,
-               piece: Callable[[str, dict[str, Any] | None], str] | None = None,
-               ) -> AsyncIterator[bytes]:
+async def _sse(c: Completion, encoder: ChunkEncoder, stream_id: str,
+               progress: Progress | None = None) -> AsyncIterator[bytes]:
     seq = 0
 
     def ev(data: dict[str, Any] | str) -> bytes:
@@ -274,28 +267,34 @@ async def _sse(c: Completion, shape: _Shape, stream_id: str, include_usage: bool
         seq += 1
         return sse.event(stream_id, seq, data)
 
-    if piece is None:  # the per-token chunk, without a dict or json.dumps
-        piece = shape.encoder(include_usage)
+    def at(tokens: int) -> dict[str, Any] | None:
+        return None if progress is None else progress.advance(tokens)
 
     try:
-        if isinstance(shape, _ChatShape):
-            yield ev(shape.role(include_usage, None if progress is None else progress.advance(0)))
+        if encoder.kind == "chat":
+            for index in range(c.request.sampling.n):
+                yield ev(encoder.role(index, at(0)))
         async for chunk in c.chunks:
             if chunk.finish_reason == "error":
                 yield ev({"error": {"message": chunk.error or "generation failed",
                                     "type": "server_error", "param": None, "code": None}})
                 break
-            if chunk.text:
-                yield ev(piece(chunk.text, None if progress is None else progress.advance(chunk.tokens)))
+            if chunk.has_delta:
+                plain = not (chunk.index or chunk.reasoning or chunk.tool_calls
+                             or chunk.logprobs or chunk.extra)
+                yield ev(encoder.text(chunk.text, at(chunk.tokens)) if plain
+                         else encoder.delta(chunk, at(chunk.tokens)))
             elif progress is not None:
                 progress.advance(chunk.tokens)
+            if chunk.ends_choice is not None:  # another choice goes on
+                yield ev(encoder.finish(chunk.index, chunk.ends_choice, None))
             if chunk.finish_reason is not None:
                 last: dict[str, Any] = {"timings": _ms(c)}
                 if progress is not None:
                     last["progress"] = progress.finish()
-                yield ev(shape.piece("", chunk.finish_reason, include_usage, redline=last))
-        if include_usage and c.usage is not None:
-            yield ev(shape.usage_chunk(c))
+                yield ev(encoder.finish(chunk.index, chunk.finish_reason, last))
+        if encoder.include_usage and c.usage is not None:
+            yield ev(encoder.usage(c.usage))
     except Exception as exc:  # a failure after streaming began: an error event, then DONE
         yield ev({"error": {"message": f"generation failed: {type(exc).__name__}",
                             "type": "server_error", "param": None, "code": None}})
@@ -310,148 +309,6 @@ async def _sse(c: Completion, shape: _Shape, stream_id: str, include_usage: bool
 
 def _ms(c: Completion) -> dict[str, float]:
     return {k: round(v * 1000, 2) for k, v in c.timings.seconds.items()}
-
-
-def _usage(c: Completion) -> dict[str, int]:
-    u = c.usage
-    if u is None:
-        return {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}
-    return {"prompt_tokens": u.prompt_tokens, "completion_tokens": u.completion_tokens,
-            "total_tokens": u.total_tokens}
-
-
-_MARK = "\x00redline-text\x00"  # stands for the text while a template is made
-_ID_MARK, _CREATED_MARK = "\x00redline-id\x00", "\x00redline-created\x00"  # and these for theirs
-_TEMPLATES: dict[tuple[type, str, str, bool], tuple[str, str, str]] = {}
-_MAX_TEMPLATES = 256  # one per shape, kind, model and include_usage: models are few
-_ROLE_DELTA = {"role": "assistant", "content": ""}
-
-
-def _progress_json(progress: dict[str, Any] | None) -> str:
-    """`,"redline":{"progress":…}` as compact_json writes it (empty for None)."""
-    if progress is None:
-        return ""
-    eta = progress["eta_ms"]
-    return (f',"redline":{{"progress":{{"tokens":{progress["tokens"]},"expected_tokens":'
-            f'{progress["expected_tokens"]},"eta_ms":{"null" if eta is None else eta}}}}}')
-
-
-class _Shape:
-    object_full = ""
-    object_chunk = ""
-
-    def __init__(self, gen_id: str, model: str) -> None:
-        self.id = gen_id.replace("req-", "chatcmpl-" if isinstance(self, _ChatShape) else "cmpl-")
-        self.model = model
-        self.created = int(time.time())
-
-    def _envelope(self, obj: str, choices: list[dict[str, Any]]) -> dict[str, Any]:
-        return {"id": self.id, "object": obj, "created": self.created, "model": self.model,
-                "choices": choices}
-
-    def _template(self, kind: str, include_usage: bool) -> tuple[str, str, str]:
-        """A chunk's JSON in three parts, for this shape, model and include_usage (kept
-        across streams): before the id, before `created`, and the rest without the
-        closing brace ("redline" is the envelope's last key). `kind`: "piece" (a text
-        chunk, its text `_MARK`) or "role" (chat's first chunk)."""
-        key = (type(self), kind, self.model, include_usage)
-        parts = _TEMPLATES.get(key)
-        if parts is None:
-            proto = type(self).__new__(type(self))
-            proto.id, proto.created, proto.model = _ID_MARK, _CREATED_MARK, self.model  # type: ignore[assignment]
-            data = (proto.piece(_MARK, None, include_usage) if kind == "piece"
-                    else proto.delta(_ROLE_DELTA, None, include_usage))  # type: ignore[attr-defined]
-            before_id, rest = sse.compact_json(data).split(json.dumps(_ID_MARK), 1)
-            before_created, rest = rest.split(json.dumps(_CREATED_MARK), 1)
-            parts = (before_id, before_created, rest[:-1])
-            if len(_TEMPLATES) >= _MAX_TEMPLATES:
-                _TEMPLATES.clear()
-            _TEMPLATES[key] = parts
-        return parts
-
-    def _head(self, parts: tuple[str, str, str]) -> str:
-        return f"{parts[0]}{json.dumps(self.id)}{parts[1]}{self.created}"
-
-    def encoder(self, include_usage: bool) -> Callable[[str, dict[str, Any] | None], str]:
-        """The JSON of `piece(text, None, include_usage, {"progress": progress})` for a
-        non-empty text, made from a template: the envelope is encoded once per shape,
-        model and include_usage, and each token costs one string escape (relaying
-        tokens is most of a gateway's work)."""
-        parts = self._template("piece", include_usage)
-        before_text, tail = parts[2].split(json.dumps(_MARK), 1)
-        head = self._head(parts) + before_text
-        escape = json.dumps
-
-        def encode(text: str, progress: dict[str, Any] | None) -> str:
-            return f"{head}{escape(text)}{tail}{_progress_json(progress)}}}"
-
-        return encode
-
-    def usage_chunk(self, c: Completion) -> dict[str, Any]:
-        out = self._envelope(self.object_chunk, [])
-        out["usage"] = _usage(c)
-        return out
-
-    def piece(self, text: str, finish: str | None, include_usage: bool,
-              redline: dict[str, Any] | None = None) -> dict[str, Any]:
-        raise NotImplementedError
-
-    def full(self, text: str, c: Completion) -> dict[str, Any]:
-        raise NotImplementedError
-
-
-class _ChatShape(_Shape):
-    object_full = "chat.completion"
-    object_chunk = "chat.completion.chunk"
-
-    def delta(self, delta: dict[str, Any], finish: str | None, include_usage: bool,
-              redline: dict[str, Any] | None = None) -> dict[str, Any]:
-        out = self._envelope(self.object_chunk, [
-            {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}])
-        if include_usage:
-            out["usage"] = None
-        if redline:
-            out["redline"] = redline
-        return out
-
-    def role(self, include_usage: bool, progress: dict[str, Any] | None) -> str:
-        """The JSON of `delta(_ROLE_DELTA, None, include_usage, {"progress": progress})`
-        (the stream's first chunk), from a template."""
-        parts = self._template("role", include_usage)
-        return f"{self._head(parts)}{parts[2]}{_progress_json(progress)}}}"
-
-    def piece(self, text: str, finish: str | None, include_usage: bool,
-              redline: dict[str, Any] | None = None) -> dict[str, Any]:
-        return self.delta({"content": text} if text else {}, finish, include_usage, redline)
-
-    def full(self, text: str, c: Completion) -> dict[str, Any]:
-        out = self._envelope(self.object_full, [{
-            "index": 0, "message": {"role": "assistant", "content": text},
-            "logprobs": None, "finish_reason": c.finish_reason or "stop"}])
-        out["usage"] = _usage(c)
-        return out
-
-
-class _TextShape(_Shape):
-    object_full = "text_completion"
-    object_chunk = "text_completion"
-
-    def piece(self, text: str, finish: str | None, include_usage: bool,
-              redline: dict[str, Any] | None = None) -> dict[str, Any]:
-        out = self._envelope(self.object_chunk, [
-            {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}])
-        if include_usage:
-            out["usage"] = None
-        if redline:
-            out["redline"] = redline
-        return out
-
-    def full(self, text: str, c: Completion) -> dict[str, Any]:
-        out = self._envelope(self.object_full, [{
-            "index": 0, "text": text, "logprobs": None,
-            "finish_reason": c.finish_reason or "stop"}])
-        out["usage"] = _usage(c)
-        return out
 
 
 __all__ = ["router", "Chunk"]

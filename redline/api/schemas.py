@@ -1,31 +1,81 @@
-"""OpenAI request schemas, with bounds. Unknown OpenAI fields are accepted and
-ignored (clients send many); redline's own extensions are typed here too."""
+"""OpenAI request schemas, with bounds, parsed into the typed request (redline/types.py).
+
+Every field a client sends is either modelled here (typed, checked) or kept in the
+request's `extra` as it came, and passed unchanged to a remote engine (a local engine
+refuses what it cannot serve: api/capabilities.py). redline's own extensions (`tier`,
+`cache`, `background`, `allow_background`, `notify`) are typed here and consumed: they
+never go upstream."""
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Literal
 
+import orjson
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from redline.errors import InvalidRequest
-from redline.types import GenerationRequest, Message, SamplingParams
+from redline.types import (
+    NO_EXTRA,
+    Extra,
+    FunctionTool,
+    GenerationRequest,
+    Message,
+    ResponseFormat,
+    SamplingParams,
+    ToolCall,
+    ToolChoice,
+)
+from redline.types import (
+    ContentPart as Part,
+)
 
 DEFAULT_MAX_TOKENS = 256
+MAX_TOP_LOGPROBS = 20  # OpenAI's bound for chat; completions' `logprobs` stops at 5
 
 
 class _Open(BaseModel):
     model_config = ConfigDict(extra="allow")
 
+    def _extra(self) -> Extra:
+        return dict(self.model_extra) if self.model_extra else NO_EXTRA
+
+
+class ImageURL(_Open):
+    url: str
+    detail: str | None = None
+
 
 class ContentPart(_Open):
     type: str
     text: str | None = None
+    image_url: ImageURL | None = None
+
+    def typed(self) -> Part:
+        extra = dict(self._extra())
+        if self.image_url is not None and self.image_url.model_extra:
+            extra["image_url"] = dict(self.image_url.model_extra)
+        return Part(self.type, self.text, None if self.image_url is None else self.image_url.url,
+                    None if self.image_url is None else self.image_url.detail, extra or NO_EXTRA)
+
+
+class FunctionCall(_Open):
+    name: str
+    arguments: str
+
+
+class ToolCallIn(_Open):
+    id: str
+    type: str = "function"
+    function: FunctionCall
 
 
 class ChatMessage(_Open):
     role: Literal["system", "user", "assistant", "developer", "tool"]
     content: str | list[ContentPart] | None = None
     name: str | None = None
+    tool_calls: list[ToolCallIn] | None = None
+    tool_call_id: str | None = None
 
     def text(self) -> str:
         if self.content is None:
@@ -33,6 +83,13 @@ class ChatMessage(_Open):
         if isinstance(self.content, str):
             return self.content
         return "".join(p.text or "" for p in self.content if p.type == "text")
+
+    def typed(self) -> Message:
+        parts = None if not isinstance(self.content, list) else tuple(p.typed() for p in self.content)
+        calls = tuple(ToolCall(c.id, c.function.name, c.function.arguments, c.type)
+                      for c in self.tool_calls or ())
+        return Message("system" if self.role == "developer" else self.role, self.text(), parts,
+                       calls, self.tool_call_id, self.name, self.content is None, self._extra())
 
 
 class StreamOptions(_Open):
@@ -50,9 +107,13 @@ class _SamplingFields(_Open):
     temperature: float | None = Field(None, ge=0.0, le=2.0)
     top_p: float | None = Field(None, ge=0.0, le=1.0)
     top_k: int | None = Field(None, ge=0)
-    n: int | None = Field(None, ge=1, le=1, description="only n=1 is served")
+    n: int | None = Field(None, ge=1, le=128, description="choices (the configured "
+                          "server.max_n bounds it further)")
     stop: str | list[str] | None = None
     seed: int | None = None
+    presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)
+    frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
+    logit_bias: dict[str, float] | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None
@@ -72,7 +133,16 @@ class _SamplingFields(_Open):
             raise ValueError("at most 4 stop sequences")
         return v
 
-    def sampling(self, max_tokens: int | None) -> SamplingParams:
+    @field_validator("logit_bias")
+    @classmethod
+    def _bias(cls, v: dict[str, float] | None) -> dict[str, float] | None:
+        for token, bias in (v or {}).items():
+            if not token.isdigit() or not -100.0 <= bias <= 100.0:
+                raise ValueError("keys are token ids, values between -100 and 100")
+        return v
+
+    def sampling(self, max_tokens: int | None, logprobs: bool = False,
+                 top_logprobs: int | None = None) -> SamplingParams:
         stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ())
         return SamplingParams(
             max_tokens=max_tokens or DEFAULT_MAX_TOKENS,
@@ -82,35 +152,58 @@ class _SamplingFields(_Open):
             stop=stop,
             seed=self.seed,
             ignore_eos=self.ignore_eos,
+            n=self.n or 1,
+            logprobs=logprobs,
+            top_logprobs=top_logprobs,
+            presence_penalty=self.presence_penalty,
+            frequency_penalty=self.frequency_penalty,
+            logit_bias=tuple((self.logit_bias or {}).items()),
         )
 
     @property
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.include_usage)
 
+    def _request(self, tier: str | None, tenant: str, no_cache: bool, sampling: SamplingParams,
+                 **fields: Any) -> GenerationRequest:
+        gen = GenerationRequest(
+            model=self.model, sampling=sampling, tier=_tier(tier), tenant=tenant,
+            use_cache=self.cache is not False and not no_cache, user=self.user,
+            allow_background=self.allow_background, extra=self._extra(), **fields)
+        # answers the cache cannot hold (several choices, logprobs, tool calls) bypass it
+        if sampling.n > 1 or "logprobs" in gen.needs() or "tools" in gen.needs():
+            gen.use_cache = False
+        return gen
+
 
 class ChatCompletionRequest(_SamplingFields):
     messages: list[ChatMessage] = Field(..., min_length=1)
     max_completion_tokens: int | None = Field(None, ge=1)
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
+    response_format: dict[str, Any] | None = None
+    logprobs: bool | None = None
+    top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
 
     def to_generation(self, tier: str | None, tenant: str, no_cache: bool = False) -> GenerationRequest:
-        messages = tuple(Message("system" if m.role == "developer" else m.role, m.text())
-                         for m in self.messages)
-        return GenerationRequest(
-            model=self.model,
-            messages=messages,
-            sampling=self.sampling(self.max_completion_tokens or self.max_tokens),
-            tier=_tier(tier),
-            tenant=tenant,
-            use_cache=self.cache is not False and not no_cache,
-            user=self.user,
-            allow_background=self.allow_background,
-        )
+        if self.top_logprobs is not None and not self.logprobs:
+            raise InvalidRequest("top_logprobs needs logprobs: true", param="top_logprobs")
+        tools = _tools(self.tools)
+        return self._request(
+            tier, tenant, no_cache,
+            self.sampling(self.max_completion_tokens or self.max_tokens, bool(self.logprobs),
+                          self.top_logprobs),
+            messages=tuple(m.typed() for m in self.messages),
+            tools=tools, tool_choice=_tool_choice(self.tool_choice, tools),
+            parallel_tool_calls=self.parallel_tool_calls,
+            response_format=_response_format(self.response_format),
+            max_tokens_field="max_completion_tokens" if self.max_completion_tokens else "max_tokens")
 
 
 class CompletionRequest(_SamplingFields):
     prompt: str | list[str] = Field(...)
-    echo: bool = False
+    logprobs: int | None = Field(None, ge=0, le=5)
 
     def to_generation(self, tier: str | None, tenant: str, no_cache: bool = False) -> GenerationRequest:
         prompt = self.prompt
@@ -118,16 +211,104 @@ class CompletionRequest(_SamplingFields):
             if len(prompt) != 1:
                 raise InvalidRequest("only one prompt per request is served", param="prompt")
             prompt = prompt[0]
-        return GenerationRequest(
-            model=self.model,
-            prompt=prompt,
-            sampling=self.sampling(self.max_tokens or 16),
-            tier=_tier(tier),
-            tenant=tenant,
-            use_cache=self.cache is not False and not no_cache,
-            user=self.user,
-            allow_background=self.allow_background,
-        )
+        return self._request(
+            tier, tenant, no_cache,
+            self.sampling(self.max_tokens or 16, self.logprobs is not None, self.logprobs),
+            prompt=prompt)
+
+
+def _tools(raw: list[dict[str, Any]] | None) -> tuple[FunctionTool, ...]:
+    out = []
+    for i, tool in enumerate(raw or ()):
+        if tool.get("type") != "function":
+            raise InvalidRequest(f"Invalid value for 'tools[{i}].type': {tool.get('type')!r}; "
+                                 "only 'function' tools are supported.", param=f"tools[{i}].type")
+        fn = tool.get("function")
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not fn["name"]:
+            raise InvalidRequest("A function tool needs function.name.",
+                                 param=f"tools[{i}].function.name")
+        params = fn.get("parameters")
+        if params is not None:
+            _check_schema(params, f"tools[{i}].function.parameters")
+        description, strict = fn.get("description"), fn.get("strict")
+        known = {"name", "description", "parameters", "strict"}
+        extra = {k: v for k, v in fn.items() if k not in known}
+        extra |= {f"tool.{k}": v for k, v in tool.items() if k not in ("type", "function")}
+        out.append(FunctionTool(fn["name"], description if isinstance(description, str) else None,
+                                params, strict if isinstance(strict, bool) else None,
+                                extra or NO_EXTRA))
+    return tuple(out)
+
+
+def _tool_choice(raw: str | dict[str, Any] | None,
+                 tools: tuple[FunctionTool, ...]) -> ToolChoice | None:
+    if raw is None:
+        return None
+    if isinstance(raw, str):
+        if raw not in ("none", "auto", "required"):
+            raise InvalidRequest(f"Invalid value for 'tool_choice': {raw!r}.", param="tool_choice")
+        if raw == "required" and not tools:
+            raise InvalidRequest("tool_choice 'required' needs tools.", param="tool_choice")
+        return ToolChoice(raw)  # type: ignore[arg-type]
+    fn = raw.get("function")
+    name = fn.get("name") if isinstance(fn, dict) else None
+    if raw.get("type") != "function" or not isinstance(name, str):
+        raise InvalidRequest("tool_choice must be none, auto, required or "
+                             '{"type": "function", "function": {"name": ...}}.', param="tool_choice")
+    if name not in {t.name for t in tools}:
+        raise InvalidRequest(f"tool_choice names {name!r}, which is not in tools.",
+                             param="tool_choice")
+    return ToolChoice("function", name)
+
+
+def _response_format(raw: dict[str, Any] | None) -> ResponseFormat | None:
+    if raw is None:
+        return None
+    kind = raw.get("type")
+    if kind in ("text", "json_object"):
+        return ResponseFormat(kind)
+    if kind != "json_schema":
+        raise InvalidRequest(f"Invalid value for 'response_format.type': {kind!r}.",
+                             param="response_format.type")
+    spec = raw.get("json_schema")
+    if not isinstance(spec, dict) or not isinstance(spec.get("name"), str):
+        raise InvalidRequest("response_format json_schema needs json_schema.name.",
+                             param="response_format.json_schema")
+    schema = spec.get("schema")
+    if schema is not None:
+        _check_schema(schema, "response_format.json_schema.schema")
+    strict, description = spec.get("strict"), spec.get("description")
+    return ResponseFormat("json_schema", spec["name"], schema,
+                          strict if isinstance(strict, bool) else None,
+                          description if isinstance(description, str) else None)
+
+
+def _check_schema(schema: Any, param: str) -> None:
+    if not isinstance(schema, dict):
+        raise InvalidRequest(f"'{param}' must be a JSON Schema object.", param=param)
+    try:
+        key = orjson.dumps(schema, option=orjson.OPT_SORT_KEYS)
+    except (TypeError, orjson.JSONEncodeError) as exc:
+        raise InvalidRequest(f"'{param}' is not a JSON Schema.", param=param) from exc
+    error = _schema_error(key)
+    if error is not None:
+        raise InvalidRequest(f"'{param}' is not a valid JSON Schema: {error}", param=param)
+
+
+@functools.lru_cache(maxsize=1024)
+def _schema_error(canonical: bytes) -> str | None:
+    """Why a schema (canonical JSON) is not valid JSON Schema, or None. Remembered: a
+    check against the 2020-12 metaschema costs ~3 ms, and clients resend the same tools
+    with every turn."""
+    # imported here: only requests with schemas pay for it (no type stubs are installed)
+    import jsonschema  # type: ignore[import-untyped,unused-ignore]
+
+    schema = orjson.loads(canonical)
+    try:
+        jsonschema.validators.validator_for(schema).check_schema(schema)
+    except jsonschema.SchemaError as exc:
+        return str(exc.message)
+    return None
 
 
 def _tier(value: str | None) -> Any:

@@ -5,7 +5,11 @@ It behaves like a capacity-limited engine (vLLM at its batch limit): at most
 `capacity` requests generate at once, the rest wait in FIFO order before their first
 token. TTFT and TPOT are drawn from configurable distributions, a share of requests
 fail, and it counts what it saw, including requests whose client went away
-(`cancelled`), at `GET /stats`.
+(`cancelled`), at `GET /stats`; `GET /last` is the last request body it was sent.
+
+It answers in OpenAI's exact shapes (fake_answers.py says what): tool calls streamed
+as fragments, logprobs, `n` choices, image parts, response formats, and usage (with
+`prompt_tokens_details.cached_tokens` when the spec sets `cached_tokens`).
 
     python -m redline.backends.fake_upstream --port 9001 --ttft 0.1 --tpot 0.01 --capacity 8
 """
@@ -16,7 +20,6 @@ import argparse
 import asyncio
 import json
 import random
-import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -24,6 +27,8 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
+
+from redline.backends.fake_answers import Answer, embedding_answer, prompt_words
 
 
 @dataclass
@@ -51,6 +56,7 @@ class UpstreamSpec:
     fail_rate: float = 0.0  # answered with 500 before any token
     max_tokens_cap: int | None = None
     seed: int = 0
+    cached_tokens: int | None = None  # reported as usage.prompt_tokens_details.cached_tokens
 
 
 @dataclass
@@ -65,6 +71,7 @@ class Stats:
 
 def create_upstream(spec: UpstreamSpec, name: str = "fake-upstream") -> Starlette:
     rng = random.Random(spec.seed)
+    last_body: list[dict[str, Any]] = []
     slots = asyncio.Semaphore(spec.capacity)
     stats = Stats()
 
@@ -87,6 +94,7 @@ def create_upstream(spec: UpstreamSpec, name: str = "fake-upstream") -> Starlett
 
     async def _generate(request: Request, chat: bool) -> Response:
         body = await request.json()
+        last_body[:] = [body]
         stats.requests += 1
         if spec.fail_rate and rng.random() < spec.fail_rate:
             stats.failed += 1
@@ -95,39 +103,31 @@ def create_upstream(spec: UpstreamSpec, name: str = "fake-upstream") -> Starlett
         n = int(body.get("max_tokens") or body.get("max_completion_tokens") or 16)
         if spec.max_tokens_cap:
             n = min(n, spec.max_tokens_cap)
-        words = _prompt_words(body, chat)
+        words = prompt_words(body, chat)
+        answer = Answer(body, chat, n, words, spec.cached_tokens,
+                        f"call_{rng.getrandbits(48):012x}")
         ttft = spec.ttft.draw(rng) + spec.prefill_per_token * words
-        tpots = [spec.tpot.draw(rng) for _ in range(max(0, n - 1))]
-        gen = _events(body, chat, n, words, ttft, tpots)
+        tpots = [spec.tpot.draw(rng) for _ in range(max(0, answer.steps - 1))]
+        gen = _events(answer, ttft, tpots)
         if not body.get("stream"):
-            return await _collect(gen, body, chat, n, words)
+            async for _ in gen:
+                pass
+            return JSONResponse(answer.whole())
         return StreamingResponse(gen, media_type="text/event-stream")
 
-    async def _events(body: dict[str, Any], chat: bool, n: int, words: int, ttft: float,
-                      tpots: list[float]) -> Any:
-        model = body.get("model", name)
-        created = int(time.time())
+    async def _events(answer: Answer, ttft: float, tpots: list[float]) -> Any:
         finished = False
         async with slots:
             stats.active += 1
             stats.max_active = max(stats.max_active, stats.active)
             try:
                 await asyncio.sleep(ttft)
-                for i in range(n):
+                for i in range(answer.steps):
                     if i:
                         await asyncio.sleep(tpots[i - 1])
-                    last = i == n - 1
-                    piece = ("tok" if i == 0 else " tok")
-                    choice: dict[str, Any] = {"index": 0, "finish_reason": "length" if last else None}
-                    if chat:
-                        choice["delta"] = {"content": piece}
-                    else:
-                        choice["text"] = piece
-                    chunk: dict[str, Any] = {"id": "cmpl-fake", "object": "chat.completion.chunk",
-                                             "created": created, "model": model, "choices": [choice]}
-                    if last:
-                        chunk["usage"] = {"prompt_tokens": words, "completion_tokens": n,
-                                          "total_tokens": words + n}
+                    for chunk in answer.step(i):
+                        yield f"data: {json.dumps(chunk)}\n\n"
+                for chunk in answer.tail():
                     yield f"data: {json.dumps(chunk)}\n\n"
                 yield "data: [DONE]\n\n"
                 finished = True
@@ -137,36 +137,24 @@ def create_upstream(spec: UpstreamSpec, name: str = "fake-upstream") -> Starlett
                 if not finished:
                     stats.cancelled += 1
 
-    async def _collect(gen: Any, body: dict[str, Any], chat: bool, n: int, words: int) -> Response:
-        async for _ in gen:
-            pass
-        text = " ".join(["tok"] * n)
-        choice: dict[str, Any] = {"index": 0, "finish_reason": "length"}
-        if chat:
-            choice["message"] = {"role": "assistant", "content": text}
-        else:
-            choice["text"] = text
-        return JSONResponse({"id": "cmpl-fake", "object": "chat.completion", "model": body.get("model"),
-                             "choices": [choice], "usage": {"prompt_tokens": words,
-                                                            "completion_tokens": n,
-                                                            "total_tokens": words + n}})
+    async def embeddings(request: Request) -> Response:
+        body = await request.json()
+        last_body[:] = [body]
+        return JSONResponse(embedding_answer(body))
+
+    async def last(_: Request) -> Response:
+        return JSONResponse(last_body[0] if last_body else None)
 
     app = Starlette(routes=[
-        Route("/v1/models", models), Route("/stats", stats_route), Route("/reset", reset, methods=["POST"]),
+        Route("/v1/models", models), Route("/stats", stats_route), Route("/last", last),
+        Route("/reset", reset, methods=["POST"]),
         Route("/v1/chat/completions", chat, methods=["POST"]),
         Route("/v1/completions", text, methods=["POST"]),
+        Route("/v1/embeddings", embeddings, methods=["POST"]),
         Route("/readyz", lambda _: JSONResponse({"ok": True})),
     ])
     app.state.stats = stats
     return app
-
-
-def _prompt_words(body: dict[str, Any], chat: bool) -> int:
-    if chat:
-        text = " ".join(str(m.get("content") or "") for m in body.get("messages") or [])
-    else:
-        text = str(body.get("prompt") or "")
-    return max(1, len(text.split()))
 
 
 def main() -> None:

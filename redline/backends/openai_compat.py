@@ -23,16 +23,16 @@ from typing import Any
 
 import httptools
 
+from redline.backends import openai_wire as wire
 from redline.backends.base import Backend, BackendInfo
 from redline.backends.http1 import Http1Connection, Http1Pool, UpstreamTimeout
+from redline.backends.openai_wire import request_body
 from redline.backends.pool import PoolBackend
 from redline.backends.sse import split_payloads
 from redline.config import ModelConfig
 from redline.errors import BackendError, ContextLengthExceeded, InvalidRequest
-from redline.types import Chunk, FinishReason, GenerationRequest, StageTimings, Usage
+from redline.types import Chunk, GenerationRequest, StageTimings, Usage
 
-_FINISH: dict[str, FinishReason] = {"stop": "stop", "length": "length", "eos": "stop",
-                                    "abort": "cancelled", "error": "error"}
 _TRANSPORT_ERRORS = (OSError, asyncio.TimeoutError, UpstreamTimeout, httptools.HttpParserError)
 
 
@@ -61,37 +61,18 @@ class OpenAICompatBackend:
     def load(self) -> int:
         return self.inflight
 
-    def _payload(self, request: GenerationRequest) -> tuple[str, dict[str, Any]]:
-        s = request.sampling
-        body: dict[str, Any] = {"model": self.upstream_model, "stream": True,
-                                "stream_options": {"include_usage": True},
-                                "max_tokens": s.max_tokens, "temperature": s.temperature,
-                                "top_p": s.top_p}
-        if s.stop:
-            body["stop"] = list(s.stop)
-        if s.seed is not None:
-            body["seed"] = s.seed
-        if s.top_k:
-            body["top_k"] = s.top_k  # vLLM, SGLang, llama.cpp accept it; OpenAI does not need it
-        if s.ignore_eos:
-            body["ignore_eos"] = True
-        if request.messages is not None:
-            body["messages"] = [{"role": m.role, "content": m.content} for m in request.messages]
-            return "/chat/completions", body
-        body["prompt"] = request.prompt or ""
-        return "/completions", body
-
     async def stream(self, request: GenerationRequest) -> AsyncIterator[Chunk]:
         # one generator from the socket to the chunk: every layer is a hop per token
-        path, body = self._payload(request)
+        path, body = request_body(request, self.upstream_model)
         data = json.dumps(body).encode()
         t0 = time.perf_counter()
         self.inflight += 1
         conn: Http1Connection | None = None
         ttft: float | None = None
         tokens = 0
-        finish: FinishReason | None = None
-        tail = ""  # text that came with the finish reason; sent with the last chunk
+        # the last choice end seen: the stream's last chunk if nothing follows it, else
+        # (several choices) sent on as that choice's end when more comes
+        held: Chunk | None = None
         usage: Usage | None = None
         try:
             message = self.pool.request_head(path, len(data), self._auth) + data
@@ -127,6 +108,9 @@ class OpenAICompatBackend:
             try:
                 # after [DONE], read on to the end of the body so the connection is reused
                 while True:
+                    # read before taking: a body that ended while this loop yielded has its
+                    # last bytes taken on the next pass, not left behind
+                    complete = conn.complete
                     for received in conn.take():
                         if done:
                             continue
@@ -139,22 +123,24 @@ class OpenAICompatBackend:
                             if "error" in event and not event.get("choices"):
                                 raise BackendError(f"{self.info.name}: {_message(event)}")
                             if event.get("usage"):
-                                u = event["usage"]
-                                usage = Usage(int(u.get("prompt_tokens") or 0),
-                                              int(u.get("completion_tokens") or 0))
+                                usage = wire.usage(event["usage"])
                             for choice in event.get("choices") or ():
-                                text = _text(choice)
-                                reason = choice.get("finish_reason")
-                                if text:
-                                    tokens += 1
+                                chunk = _chunk(choice)
+                                if chunk is None:
+                                    continue
+                                if chunk.tokens:
+                                    tokens += chunk.tokens
                                     if ttft is None:
                                         ttft = time.perf_counter() - t0
-                                if reason:
-                                    finish = _FINISH.get(reason, "stop")
-                                    tail += text
-                                elif text:
-                                    yield Chunk(text=text, tokens=1)
-                    if conn.complete:
+                                if held is not None:
+                                    held.ends_choice, held.finish_reason = held.finish_reason, None
+                                    yield held
+                                    held = None
+                                if chunk.finish_reason is not None:
+                                    held = chunk
+                                else:
+                                    yield chunk
+                    if complete:
                         break
                     conn.relaying = tokens > 0
                     try:
@@ -163,7 +149,7 @@ class OpenAICompatBackend:
                         if done:  # the stream was whole; only its connection is not reusable
                             break
                         raise
-            except (*_TRANSPORT_ERRORS, ValueError) as exc:  # ValueError: JSON, or a bad chunk
+            except (*_TRANSPORT_ERRORS, ValueError, KeyError, TypeError) as exc:  # a bad chunk
                 if tokens == 0:
                     raise BackendError(f"{self.info.name}: upstream stream broke "
                                        f"({type(exc).__name__})") from exc
@@ -172,9 +158,10 @@ class OpenAICompatBackend:
                 return
             end = time.perf_counter() - t0
             first = ttft if ttft is not None else end
-            yield Chunk(text=tail, tokens=1 if tail else 0, finish_reason=finish or "stop",
-                        usage=usage or Usage(0, tokens),
-                        timings=StageTimings({"prefill": first, "decode": end - first}))
+            last = held or Chunk(finish_reason="stop")
+            last.usage = usage or Usage(0, tokens)
+            last.timings = StageTimings({"prefill": first, "decode": end - first})
+            yield last
         finally:
             self.inflight -= 1
             if conn is not None:
@@ -196,11 +183,26 @@ def _decode(payload: bytes) -> Any:
     return value
 
 
-def _text(choice: dict[str, Any]) -> str:
+def _chunk(choice: dict[str, Any]) -> Chunk | None:
+    """One streamed choice as a chunk (None: nothing in it, e.g. the role alone)."""
     delta = choice.get("delta")
+    reason = choice.get("finish_reason")
+    finish = wire.FINISH.get(reason, "stop") if reason else None
+    lps = wire.logprobs(choice.get("logprobs"))
     if isinstance(delta, dict):
-        return str(delta.get("content") or "")
-    return str(choice.get("text") or "")
+        text = delta.get("content") or ""
+        chunk = Chunk(text=text, index=int(choice.get("index") or 0),
+                      reasoning=delta.get("reasoning_content") or "",
+                      tool_calls=wire.tool_call_deltas(delta.get("tool_calls")), logprobs=lps,
+                      finish_reason=finish, extra=wire.delta_extra(delta))
+    else:
+        chunk = Chunk(text=choice.get("text") or "", index=int(choice.get("index") or 0),
+                      logprobs=lps, finish_reason=finish)
+    if not (chunk.has_delta or finish):
+        return None
+    # a fragment is about a token (a server may pack several: the count is for progress)
+    chunk.tokens = 1 if chunk.has_delta else 0
+    return chunk
 
 
 def _message(payload: Any) -> str:

@@ -79,6 +79,21 @@ class MiniLMEmbedder:
         return np.asarray(out, dtype=np.float32)
 
 
+    def token_counts(self, texts: list[str]) -> list[int]:
+        """Word pieces per text, special tokens included, before truncation (what the
+        embeddings API reports and bounds)."""
+        if self._model is None:
+            self.load()
+        tokenizer = self._model.tokenizer
+        return [len(ids) for ids in tokenizer(texts, add_special_tokens=True)["input_ids"]]
+
+    @property
+    def max_tokens(self) -> int:
+        if self._model is None:
+            self.load()
+        return int(self._model.max_seq_length)
+
+
 @functools.lru_cache(maxsize=4)
 def load_minilm(path: str | None = None, threads: int = 1) -> MiniLMEmbedder:
     """One loaded copy per model directory and process (weights are read-only, and

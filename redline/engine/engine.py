@@ -20,6 +20,7 @@ from collections.abc import AsyncIterator
 
 from redline.engine.arbiter import StepArbiter
 from redline.engine.llama import LlamaModel, LlamaRunner
+from redline.engine.sampling import token_logprobs
 from redline.engine.scheduler import ScheduledBatch, Scheduler
 from redline.engine.sequence import Sequence
 from redline.errors import EngineDead
@@ -176,13 +177,16 @@ class Engine:
     def _postprocess(self, batch: ScheduledBatch) -> None:
         now = time.perf_counter()
         for seq, index in batch.samplers:
-            token = seq.sampler.sample(self.runner.ctx, index, self.runner.logits(index))
+            logits = self.runner.logits(index)
+            scores = logits.copy() if seq.sampling.logprobs else logits  # the sampler may edit
+            token = seq.sampler.sample(self.runner.ctx, index, logits)
             first = seq.first_token_at is None
             if first:
                 seq.first_token_at = now
             reason = None
             text = ""
-            if self.model.is_eog(token) and not seq.sampling.ignore_eos:
+            kept = not (self.model.is_eog(token) and not seq.sampling.ignore_eos)
+            if not kept:
                 reason = "stop"
             else:
                 seq.output.append(token)
@@ -197,11 +201,15 @@ class Engine:
                     reason = "length"
             if reason is None:
                 timings = self._timings(seq, now) if first else None
-                self._deliver(seq, Chunk(text=text, tokens=1, timings=timings))
+                chunk = Chunk(text=text, tokens=1, timings=timings)
             else:
                 self.scheduler.finish(seq)
-                self._deliver(seq, self._final(seq, reason, text + seq.detok.flush(),
-                                               tokens=1 if text else 0))
+                chunk = self._final(seq, reason, text + seq.detok.flush(),
+                                    tokens=1 if text else 0)
+            if seq.sampling.logprobs and kept:
+                chunk.logprobs = (token_logprobs(scores, token, seq.sampling.top_logprobs or 0,
+                                                 self.model.piece),)
+            self._deliver(seq, chunk)
 
     @staticmethod
     def _timings(seq: Sequence, end: float) -> StageTimings:

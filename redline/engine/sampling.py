@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 
 import llama_cpp as ll
 import numpy as np
 
-from redline.types import SamplingParams
+from redline.types import SamplingParams, TokenLogprob, TopLogprob
 
 
 class Sampler:
@@ -36,3 +37,23 @@ class Sampler:
         if self._chain is not None:
             ll.llama_sampler_free(self._chain)
             self._chain = None
+
+
+def token_logprobs(logits: np.ndarray, token: int, top: int,
+                   piece: Callable[[int], bytes]) -> TokenLogprob:
+    """The chosen token's log-probability and the `top` likeliest tokens' (logits:
+    [n_vocab]): the model's raw distribution, a log-softmax of the logits before
+    temperature, top-k and top-p (what vLLM returns by default)."""
+    peak = float(logits.max())
+    lse = peak + float(np.log(np.exp(logits - peak, dtype=np.float64).sum()))
+
+    def entry(t: int) -> tuple[str, float, tuple[int, ...]]:
+        raw = piece(t)
+        return raw.decode("utf-8", "replace"), float(logits[t]) - lse, tuple(raw)
+
+    tops: tuple[TopLogprob, ...] = ()
+    if top > 0:
+        best = np.argpartition(-logits, top)[:top]
+        best = best[np.argsort(-logits[best], kind="stable")]
+        tops = tuple(TopLogprob(*entry(int(t))) for t in best)
+    return TokenLogprob(*entry(token), top=tops)

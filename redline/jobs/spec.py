@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
+from redline.errors import InvalidRequest
 from redline.types import GenerationRequest, Message, SamplingParams
 
 Endpoint = Literal["chat", "text"]
@@ -27,6 +28,10 @@ class JobSpec:
 
     @classmethod
     def of(cls, endpoint: Endpoint, req: GenerationRequest) -> JobSpec:
+        if not req.is_plain():  # this copy holds text and sampling only: refuse, never drop
+            raise InvalidRequest("Background jobs and batches take plain text requests only "
+                                 "(no tools, response_format, logprobs, n, penalties or "
+                                 "passed-through fields yet).", param="background")
         sampling = asdict(req.sampling)
         sampling["stop"] = list(req.sampling.stop)
         return cls(endpoint=endpoint, model=req.model, sampling=sampling,

@@ -1,0 +1,266 @@
+"""Anthropic's Messages API onto redline's typed request and back: the request's
+blocks (text, image, tool_use, tool_result) as structured messages, tools and
+tool_choice; the answer as content blocks (thinking, text, tool_use) whole, or as its
+streaming events (message_start, content_block_start/delta/stop, message_delta,
+message_stop), and errors in its shape.
+
+Anthropic's own fields that an OpenAI-shaped request cannot carry are refused (400),
+never dropped."""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Literal
+
+import orjson
+from pydantic import BaseModel, ConfigDict, Field
+
+from redline.errors import InvalidRequest
+from redline.types import (
+    ChoiceAnswer,
+    ContentPart,
+    FinishReason,
+    FunctionTool,
+    GenerationRequest,
+    Message,
+    SamplingParams,
+    ToolCall,
+    ToolChoice,
+    Usage,
+)
+
+STOP: dict[str, str] = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use",
+                        "content_filter": "refusal", "cancelled": "end_turn",
+                        "error": "end_turn", "function_call": "tool_use"}
+
+
+class Block(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["text", "image", "tool_use", "tool_result"]
+    text: str | None = None
+    source: dict[str, Any] | None = None  # image: base64 (media_type, data) or url
+    id: str | None = None
+    name: str | None = None
+    input: dict[str, Any] | None = None
+    tool_use_id: str | None = None
+    content: str | list[Block] | None = None  # tool_result
+    is_error: bool | None = None
+    cache_control: dict[str, Any] | None = None  # a prompt-caching hint: no effect here
+
+
+Block.model_rebuild()  # its tool_result content nests blocks
+
+
+class Turn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    role: Literal["user", "assistant"]
+    content: str | list[Block]
+
+
+class Tool(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(..., min_length=1)
+    description: str | None = None
+    input_schema: dict[str, Any]
+    cache_control: dict[str, Any] | None = None
+
+
+class Choice(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["auto", "any", "tool", "none"]
+    name: str | None = None
+    disable_parallel_tool_use: bool | None = None
+
+
+class MessagesRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    model: str = Field(..., min_length=1)
+    max_tokens: int = Field(..., ge=1)
+    messages: list[Turn] = Field(..., min_length=1)
+    system: str | list[Block] | None = None
+    stop_sequences: list[str] | None = Field(None, max_length=4)
+    temperature: float | None = Field(None, ge=0.0, le=1.0)
+    top_p: float | None = Field(None, ge=0.0, le=1.0)
+    top_k: int | None = Field(None, ge=0)
+    stream: bool = False
+    tools: list[Tool] | None = None
+    tool_choice: Choice | None = None
+    metadata: dict[str, Any] | None = None
+    # redline's extensions, as on chat completions
+    tier: Literal["S", "A", "B", "auto"] | None = None
+    cache: bool | None = None
+
+    def to_generation(self, tier: str | None, tenant: str, no_cache: bool) -> GenerationRequest:
+        from redline.api import schemas  # the same JSON Schema check as chat's tools
+
+        messages: list[Message] = []
+        if self.system is not None:
+            text = self.system if isinstance(self.system, str) else "".join(
+                b.text or "" for b in self.system)
+            messages.append(Message("system", text))
+        for turn in self.messages:
+            messages += _turn(turn)
+        tools = []
+        for i, t in enumerate(self.tools or ()):
+            schemas._check_schema(t.input_schema, f"tools[{i}].input_schema")
+            tools.append(FunctionTool(t.name, t.description, t.input_schema))
+        choice, parallel = None, None
+        if self.tool_choice is not None:
+            c = self.tool_choice
+            mode = {"auto": "auto", "any": "required", "tool": "function", "none": "none"}[c.type]
+            if mode == "function" and c.name not in {t.name for t in tools}:
+                raise InvalidRequest("tool_choice names a tool that is not in tools.",
+                                     param="tool_choice.name")
+            choice = ToolChoice(mode, c.name if mode == "function" else None)  # type: ignore[arg-type]
+            parallel = False if c.disable_parallel_tool_use else None
+        user = (self.metadata or {}).get("user_id")
+        gen = GenerationRequest(
+            model=self.model, messages=tuple(messages),
+            sampling=SamplingParams(max_tokens=self.max_tokens,
+                                    temperature=1.0 if self.temperature is None else self.temperature,
+                                    top_p=1.0 if self.top_p is None else self.top_p,
+                                    top_k=self.top_k or 0, stop=tuple(self.stop_sequences or ())),
+            tier=None if tier in (None, "auto") else tier,  # type: ignore[arg-type]
+            tenant=tenant, use_cache=self.cache is not False and not no_cache and not tools,
+            user=str(user) if user is not None else None, tools=tuple(tools), tool_choice=choice,
+            parallel_tool_calls=parallel)
+        return gen
+
+
+def _image(block: Block) -> ContentPart:
+    src = block.source or {}
+    if src.get("type") == "base64":
+        return ContentPart("image_url", image_url=f"data:{src.get('media_type')};base64,"
+                                                  f"{src.get('data')}")
+    if src.get("type") == "url":
+        return ContentPart("image_url", image_url=str(src.get("url")))
+    raise InvalidRequest("An image block needs a base64 or url source.", param="messages")
+
+
+def _text(content: str | list[Block] | None) -> str:
+    if content is None or isinstance(content, str):
+        return content or ""
+    return "".join(b.text or "" for b in content if b.type == "text")
+
+
+def _turn(turn: Turn) -> list[Message]:
+    if isinstance(turn.content, str):
+        return [Message(turn.role, turn.content)]
+    out: list[Message] = []
+    parts: list[ContentPart] = []
+    calls: list[ToolCall] = []
+    for b in turn.content:
+        if b.type == "tool_result":  # each result: a tool message, before the turn's text
+            if turn.role != "user" or not b.tool_use_id:
+                raise InvalidRequest("tool_result blocks belong in user turns, with "
+                                     "tool_use_id.", param="messages")
+            out.append(Message("tool", _text(b.content), tool_call_id=b.tool_use_id))
+        elif b.type == "tool_use":
+            if turn.role != "assistant" or not b.id or not b.name:
+                raise InvalidRequest("tool_use blocks belong in assistant turns, with id and "
+                                     "name.", param="messages")
+            calls.append(ToolCall(b.id, b.name, json.dumps(b.input or {})))
+        elif b.type == "image":
+            parts.append(_image(b))
+        else:
+            parts.append(ContentPart("text", text=b.text or ""))
+    if parts or calls or not out:
+        text = "".join(p.text or "" for p in parts)
+        images = any(p.type == "image_url" for p in parts)
+        out.append(Message(turn.role, text, tuple(parts) if images else None, tuple(calls),
+                           null_content=not parts and bool(calls)))
+    return out
+
+
+def usage_json(u: Usage | None) -> dict[str, Any]:
+    out: dict[str, Any] = {"input_tokens": u.prompt_tokens if u else 0,
+                           "output_tokens": u.completion_tokens if u else 0}
+    if u is not None and u.cached_tokens is not None:
+        out["cache_read_input_tokens"] = u.cached_tokens
+    return out
+
+
+def _input(arguments: str) -> Any:
+    try:
+        value = json.loads(arguments or "{}")
+    except ValueError:
+        return {"arguments": arguments}  # not JSON: kept whole, not dropped
+    return value if isinstance(value, dict) else {"value": value}
+
+
+def whole(msg_id: str, model: str, answer: ChoiceAnswer, usage: Usage | None) -> bytes:
+    content: list[dict[str, Any]] = []
+    if answer.reasoning:
+        content.append({"type": "thinking", "thinking": "".join(answer.reasoning),
+                        "signature": ""})
+    if answer.text:
+        content.append({"type": "text", "text": "".join(answer.text)})
+    for call in answer.tool_calls():
+        content.append({"type": "tool_use", "id": call.id, "name": call.name,
+                        "input": _input(call.arguments)})
+    return orjson.dumps({"id": msg_id, "type": "message", "role": "assistant", "model": model,
+                         "content": content,
+                         "stop_reason": STOP.get(answer.finish_reason or "stop", "end_turn"),
+                         "stop_sequence": None, "usage": usage_json(usage)})
+
+
+def event(kind: str, data: dict[str, Any]) -> bytes:
+    return b"event: " + kind.encode() + b"\ndata: " + orjson.dumps({"type": kind, **data}) + b"\n\n"
+
+
+def error_body(status: int, message: str) -> dict[str, Any]:
+    kind = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+            404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error",
+            529: "overloaded_error", 503: "overloaded_error"}.get(status, "api_error")
+    return {"type": "error", "error": {"type": kind, "message": message}}
+
+
+class Blocks:
+    """The content-block events of one streamed answer: a block opens when its kind of
+    content starts (thinking, text, or a tool call by its index) and closes when another
+    starts, so that each block's deltas are contiguous, as Anthropic's are."""
+
+    def __init__(self) -> None:
+        self.index = -1
+        self.open: tuple[str, int] | None = None
+        self.stop: FinishReason | None = None
+
+    def _start(self, key: tuple[str, int], block: dict[str, Any]) -> list[bytes]:
+        out = self.close()
+        self.index += 1
+        self.open = key
+        out.append(event("content_block_start", {"index": self.index, "content_block": block}))
+        return out
+
+    def close(self) -> list[bytes]:
+        if self.open is None:
+            return []
+        self.open = None
+        return [event("content_block_stop", {"index": self.index})]
+
+    def add(self, reasoning: str, text: str, calls: Any) -> list[bytes]:
+        out: list[bytes] = []
+        if reasoning:
+            if self.open != ("thinking", 0):
+                out += self._start(("thinking", 0), {"type": "thinking", "thinking": "",
+                                                     "signature": ""})
+            out.append(event("content_block_delta", {"index": self.index, "delta": {
+                "type": "thinking_delta", "thinking": reasoning}}))
+        if text:
+            if self.open != ("text", 0):
+                out += self._start(("text", 0), {"type": "text", "text": ""})
+            out.append(event("content_block_delta", {"index": self.index, "delta": {
+                "type": "text_delta", "text": text}}))
+        for d in calls:
+            if self.open != ("tool", d.index):
+                out += self._start(("tool", d.index), {"type": "tool_use", "id": d.id or "",
+                                                       "name": d.name or "", "input": {}})
+            if d.arguments:
+                out.append(event("content_block_delta", {"index": self.index, "delta": {
+                    "type": "input_json_delta", "partial_json": d.arguments}}))
+        return out

@@ -1,0 +1,94 @@
+"""POST /v1/messages: Anthropic's Messages API (as vLLM, llama.cpp's server and LiteLLM
+serve it), for clients built on Anthropic's SDK. The request becomes the same typed
+request as a chat completion (api/anthropic.py), goes through the same pipeline
+(cache, routing, capabilities), and the answer comes back as Anthropic's message or
+its streaming events; errors in Anthropic's shape."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import orjson
+from fastapi import APIRouter, Request
+from fastapi.responses import Response, StreamingResponse
+from pydantic import ValidationError
+
+from redline.api import anthropic, capabilities
+from redline.api.tenant import tenant_from
+from redline.errors import InvalidRequest, RedlineError
+from redline.pipeline import AUTO, Completion, Pipeline
+from redline.types import Chunk, assemble
+
+router = APIRouter()
+
+
+def _error(status: int, message: str) -> Response:
+    return Response(orjson.dumps(anthropic.error_body(status, message)), status_code=status,
+                    media_type="application/json")
+
+
+@router.post("/v1/messages", response_model=None)
+async def messages(request: Request) -> Response:
+    try:
+        try:
+            body = anthropic.MessagesRequest.model_validate_json(await request.body())
+        except ValidationError as exc:
+            errors = exc.errors()
+            where = ".".join(str(p) for p in errors[0]["loc"]) if errors else ""
+            what = errors[0]["msg"] if errors else "invalid value"
+            raise InvalidRequest(f"{where}: {what}", param=where or None) from exc
+        headers = request.headers
+        gen = body.to_generation(headers.get("x-redline-tier") or body.tier,
+                                 tenant_from(request.scope, headers.get("authorization", "")),
+                                 "no-cache" in headers.get("cache-control", "").lower())
+        capabilities.check(request.app.state.config, gen, AUTO)
+        pipeline: Pipeline = request.app.state.pipeline
+        completion = await pipeline.complete(gen)
+    except RedlineError as exc:
+        return _error(exc.status, exc.message)
+    msg_id = gen.id.replace("req-", "msg_")
+    extra = {"X-Redline-Model": completion.model, "X-Redline-Tier": completion.tier,
+             "X-Redline-Cache": completion.cache, "request-id": msg_id}
+    if body.stream:
+        return StreamingResponse(_events(msg_id, body.model, completion),
+                                 media_type="text/event-stream", headers=extra)
+    got = [chunk async for chunk in completion.chunks]
+    failed = next((c for c in got if c.finish_reason == "error"), None)
+    if failed is not None:
+        return _error(500, failed.error or "generation failed")
+    return Response(anthropic.whole(msg_id, body.model, assemble(got)[0], completion.usage),
+                    media_type="application/json", headers=extra)
+
+
+async def _events(msg_id: str, model: str, c: Completion) -> AsyncIterator[bytes]:
+    event = anthropic.event
+    yield event("message_start", {"message": {
+        "id": msg_id, "type": "message", "role": "assistant", "model": model, "content": [],
+        "stop_reason": None, "stop_sequence": None,
+        "usage": {"input_tokens": 0, "output_tokens": 0}}})
+    blocks = anthropic.Blocks()
+    last: Chunk | None = None
+    try:
+        async for chunk in c.chunks:
+            if chunk.finish_reason == "error":
+                yield event("error", anthropic.error_body(500, chunk.error or "generation failed"))
+                return
+            for piece in blocks.add(chunk.reasoning, chunk.text, chunk.tool_calls):
+                yield piece
+            if chunk.finish_reason is not None:
+                last = chunk
+    except Exception as exc:  # after the stream began: an error event ends it
+        yield event("error", anthropic.error_body(500, f"generation failed: {type(exc).__name__}"))
+        return
+    finally:
+        close = getattr(c.chunks, "aclose", None)
+        if close is not None:
+            await close()
+    for piece in blocks.close():
+        yield piece
+    reason = last.finish_reason if last is not None else "stop"
+    usage = anthropic.usage_json(c.usage)
+    yield event("message_delta", {"delta": {"stop_reason": anthropic.STOP.get(reason or "stop"),
+                                            "stop_sequence": None},
+                                  "usage": {"output_tokens": usage["output_tokens"]}})
+    yield event("message_stop", {})

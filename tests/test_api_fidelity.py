@@ -1,0 +1,226 @@
+"""The whole chat surface through a remote OpenAI-compatible backend, seen by the official
+`openai` client: for each feature (tools, logprobs, n, image parts, response formats,
+usage details), what the client gets through redline equals what it gets from the
+upstream directly (same objects, streamed and not); an agent loop; pass-through of the
+fields redline does not model; resume in the middle of a tool call; bad input."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import openai
+import pytest
+from conftest import LiveApp, wait_ready
+
+from redline.api.app import create_app
+from redline.backends.fake_upstream import Dist, UpstreamSpec, create_upstream
+from redline.config import RedlineConfig
+
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "The weather in a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"},
+                                                    "unit": {"enum": ["c", "f"]}},
+                   "required": ["city"]}}}
+TIME = {"type": "function", "function": {
+    "name": "get_time", "parameters": {"type": "object", "properties": {"tz": {"type": "string"}}}}}
+IMAGE = {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo=",
+                                            "detail": "low"}}
+ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
+
+FEATURES: dict[str, dict[str, Any]] = {
+    "plain": {"messages": ASK},
+    "tools": {"messages": ASK, "tools": [WEATHER]},
+    "parallel_tools": {"messages": ASK, "tools": [WEATHER, TIME]},
+    "named_tool": {"messages": ASK, "tools": [WEATHER, TIME],
+                   "tool_choice": {"type": "function", "function": {"name": "get_time"}}},
+    "logprobs": {"messages": ASK, "logprobs": True, "top_logprobs": 3},
+    "n": {"messages": ASK, "n": 3, "logprobs": True, "top_logprobs": 1},
+    "n_tools": {"messages": ASK, "n": 2, "tools": [WEATHER]},
+    "image": {"messages": [{"role": "user", "content": [{"type": "text", "text": "What is it?"},
+                                                        IMAGE]}]},
+    "reasoning": {"messages": ASK, "reasoning_effort": "low"},
+    "json_schema": {"messages": ASK, "response_format": {"type": "json_schema", "json_schema": {
+        "name": "w", "strict": True, "schema": {"type": "object", "properties": {
+            "temp": {"type": "number"}, "sky": {"enum": ["clear", "rain"]}}}}}},
+}
+
+
+class _Live(LiveApp):
+    """LiveApp with a longer wait for readiness (the machine is shared and busy)."""
+
+    def __enter__(self) -> _Live:
+        self.thread.start()
+        wait_ready(self.url, timeout=180)
+        return self
+
+
+@pytest.fixture(scope="module")
+def servers(tmp_path_factory: pytest.TempPathFactory,
+            ) -> Iterator[tuple[openai.OpenAI, openai.OpenAI, str, str]]:
+    """The fake upstream and redline in front of it (one pair for the module)."""
+    data = tmp_path_factory.mktemp("fidelity")
+    with _Live(create_upstream(UpstreamSpec(ttft=Dist(0.0), tpot=Dist(0.0), cached_tokens=2),
+                                 name="served")) as up:
+        cfg = RedlineConfig(models=[{"name": "remote", "backend": "openai", "url": up.url,
+                                     "upstream_model": "served"}],
+                            cache={"enabled": False},
+                            server={"max_n": 4, "data_dir": str(data)})
+        with _Live(create_app(cfg)) as gw:
+            direct = openai.OpenAI(base_url=f"{up.url}/v1", api_key="x", max_retries=0)
+            through = openai.OpenAI(base_url=f"{gw.url}/v1", api_key="x", max_retries=0)
+            yield direct, through, up.url, gw.url
+            direct.close()
+            through.close()
+
+
+def _whole(resp: Any) -> dict[str, Any]:
+    out = resp.model_dump()
+    for key in ("id", "created", "model", "system_fingerprint"):
+        out.pop(key, None)
+    return out
+
+
+def _events(stream: Any) -> tuple[list[Any], Any]:
+    """What a stream says, chunk by chunk and choice by choice (the role alone aside)."""
+    seen, usage = [], None
+    for chunk in stream:
+        if chunk.usage is not None:
+            usage = chunk.usage.model_dump()
+        for c in chunk.choices:
+            d = c.delta
+            calls = None if d.tool_calls is None else [t.model_dump() for t in d.tool_calls]
+            lps = None if c.logprobs is None else c.logprobs.model_dump()
+            thought = (d.model_extra or {}).get("reasoning_content")
+            if d.content or calls or c.finish_reason or lps or thought:
+                seen.append((c.index, d.content, thought, calls, lps, c.finish_reason))
+    return seen, usage
+
+
+@pytest.mark.parametrize("feature", list(FEATURES))
+def test_the_client_gets_what_the_upstream_gives(servers: Any, feature: str) -> None:
+    direct, through, _, _ = servers
+    body = {"max_tokens": 4, **FEATURES[feature]}
+    want = direct.chat.completions.create(model="served", **body)
+    got = through.chat.completions.create(model="remote", **body)
+    assert _strip(_whole(got)) == _strip(_whole(want))
+    assert got.usage is not None and got.usage.prompt_tokens_details is not None
+    assert got.usage.prompt_tokens_details.cached_tokens == 2
+    opts = {"stream": True, "stream_options": {"include_usage": True}}
+    want_events = _events(direct.chat.completions.create(model="served", **body, **opts))
+    got_events = _events(through.chat.completions.create(model="remote", **body, **opts))
+    # tool-call ids are the upstream's own per request: compare them by shape only
+    assert _strip(got_events) == _strip(want_events)
+    assert got_events[0], "the stream said something"
+    if feature == "reasoning":
+        assert got.choices[0].message.model_extra["reasoning_content"] == "Let me think."
+        assert [e[2] for e in got_events[0][:2]] == ["Let me", " think."]
+
+
+def _strip(value: Any) -> Any:
+    """`value` with every tool-call id replaced by a marker."""
+    if isinstance(value, dict):
+        return {k: ("<id>" if k == "id" and v else _strip(v)) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_strip(v) for v in value]
+    return value
+
+
+def test_tool_calls_keep_their_ids_and_fragments(servers: Any) -> None:
+    _, through, _, _ = servers
+    chunks = list(through.chat.completions.create(
+        model="remote", messages=ASK, tools=[WEATHER, TIME], stream=True, max_tokens=4))
+    calls = [t for c in chunks for ch in c.choices for t in ch.delta.tool_calls or ()]
+    heads = [t for t in calls if t.id is not None]
+    assert [(t.index, t.function.name, t.function.arguments) for t in heads] == [
+        (0, "get_weather", ""), (1, "get_time", "")]
+    args = "".join(t.function.arguments or "" for t in calls if t.index == 0)
+    assert json.loads(args) == {"city": "tok", "unit": "c"}
+    assert all(len(t.function.arguments or "") <= 5 for t in calls)  # the upstream's split
+    assert chunks[-1].choices[0].finish_reason == "tool_calls"
+
+
+def test_an_agent_loop(servers: Any) -> None:
+    """Assistant tool call -> tool result -> final answer, through redline."""
+    _, through, _, _ = servers
+    messages: list[Any] = [{"role": "system", "content": "You call tools."}, *ASK]
+    first = through.chat.completions.create(model="remote", messages=messages, tools=[WEATHER])
+    call = first.choices[0].message.tool_calls[0]
+    assert first.choices[0].finish_reason == "tool_calls" and call.function.name == "get_weather"
+    messages.append(first.choices[0].message.model_dump(exclude_none=True))
+    messages.append({"role": "tool", "tool_call_id": call.id, "content": "sunny, 21C"})
+    final = through.chat.completions.create(model="remote", messages=messages, tools=[WEATHER])
+    assert final.choices[0].finish_reason == "stop"
+    assert final.choices[0].message.content == "result: sunny, 21C."
+    assert final.choices[0].message.tool_calls is None
+
+
+def test_fields_pass_through_and_extensions_do_not(servers: Any) -> None:
+    _, through, up, _ = servers
+    messages = [{"role": "user", "content": [{"type": "text", "text": "hi", "cache_control": 1},
+                                             IMAGE], "x_note": "kept"},
+                {"role": "assistant", "content": None, "tool_calls": [
+                    {"id": "call_1", "type": "function",
+                     "function": {"name": "get_weather", "arguments": "{}"}}]},
+                {"role": "tool", "tool_call_id": "call_1", "content": "ok"}]
+    through.chat.completions.create(
+        model="remote", messages=messages, tools=[WEATHER], tool_choice="auto",
+        parallel_tool_calls=False, seed=7, presence_penalty=0.5, frequency_penalty=-0.5,
+        logit_bias={"50256": -100}, max_completion_tokens=3,
+        extra_body={"reasoning_effort": "low", "metadata": {"k": "v"}, "tier": "A",
+                    "cache": False, "allow_background": False})
+    sent = httpx.get(f"{up}/last").json()
+    assert sent["messages"] == messages
+    assert sent["tools"] == [WEATHER] and sent["tool_choice"] == "auto"
+    assert sent["parallel_tool_calls"] is False and sent["seed"] == 7
+    assert (sent["presence_penalty"], sent["frequency_penalty"]) == (0.5, -0.5)
+    assert sent["logit_bias"] == {"50256": -100} and sent["max_completion_tokens"] == 3
+    assert sent["reasoning_effort"] == "low" and sent["metadata"] == {"k": "v"}
+    assert sent["model"] == "served"
+    for ours in ("tier", "cache", "allow_background", "background", "notify"):
+        assert ours not in sent
+
+
+def test_text_completions_logprobs_and_n(servers: Any) -> None:
+    direct, through, _, _ = servers
+    body = {"prompt": "Say", "max_tokens": 3, "logprobs": 2, "n": 2, "echo": False}
+    assert _whole(through.completions.create(model="remote", **body)) == \
+        _whole(direct.completions.create(model="served", **body))
+
+
+def test_resume_in_the_middle_of_a_tool_call_gives_the_same_bytes(servers: Any) -> None:
+    _, _, _, gw = servers
+    body = {"model": "remote", "messages": ASK, "tools": [WEATHER, TIME], "n": 2,
+            "stream": True, "max_tokens": 4}
+    with httpx.stream("POST", f"{gw}/v1/chat/completions", json=body, timeout=30) as r:
+        stream_id = r.headers["x-redline-stream-id"]
+        whole = b"".join(r.iter_bytes())
+    events = [e + b"\n\n" for e in whole.split(b"\n\n") if e]
+    mid = next(i for i, e in enumerate(events) if b'"function":{"arguments":' in e)
+    assert 0 < mid < len(events) - 2
+    r = httpx.get(f"{gw}/v1/streams/{stream_id}", params={"after": mid}, timeout=30)
+    assert r.status_code == 200
+    assert r.content == b"".join(events[mid:])
+    assert b"".join(events[:mid]) + r.content == whole
+
+
+@pytest.mark.parametrize(("extra", "param"), [
+    ({"tools": [{"type": "code_interpreter"}]}, "tools[0].type"),
+    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": 12}}}]},
+     "tools[0].function.parameters"),
+    ({"response_format": {"type": "json_schema", "json_schema": {
+        "name": "x", "schema": {"type": "object", "properties": {"a": {"minimum": "no"}}}}}},
+     "response_format.json_schema.schema"),
+    ({"n": 5}, "n"),
+    ({"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
+    ({"tool_choice": {"type": "function", "function": {"name": "nope"}}, "tools": [WEATHER]},
+     "tool_choice"),
+])
+def test_bad_input_is_a_400_with_param(servers: Any, extra: dict[str, Any], param: str) -> None:
+    _, through, _, _ = servers
+    with pytest.raises(openai.BadRequestError) as err:
+        through.chat.completions.create(model="remote", messages=ASK, extra_body=extra)
+    assert err.value.status_code == 400
+    assert err.value.body["param"] == param  # type: ignore[index]

@@ -1,0 +1,63 @@
+"""The embedded engine (the real SmolLM2) through the official `openai` client: logprobs
+from its own logits, and a 400 with `param` for what it does not serve."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import openai
+import pytest
+from conftest import SMOL
+
+pytestmark = pytest.mark.slow
+
+ASK = [{"role": "user", "content": "Name a fruit."}]
+
+
+def client(server: Any) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{server.url}/v1", api_key="x", max_retries=0)
+
+
+def test_chat_logprobs_are_the_models_own(smol_server: Any) -> None:
+    c = client(smol_server)
+    r = c.chat.completions.create(model=SMOL, messages=ASK, max_tokens=6, temperature=0,
+                                  logprobs=True, top_logprobs=3, extra_body={"cache": False})
+    content = r.choices[0].logprobs.content  # type: ignore[union-attr]
+    assert content and "".join(t.token for t in content) == r.choices[0].message.content
+    for t in content:
+        assert t.logprob <= 0 and len(t.top_logprobs) == 3
+        tops = [o.logprob for o in t.top_logprobs]
+        assert tops == sorted(tops, reverse=True)
+        assert math.isclose(t.logprob, tops[0], abs_tol=1e-5)  # greedy: the likeliest token
+        assert bytes(t.bytes or []).decode() == t.token
+    streamed = c.chat.completions.create(model=SMOL, messages=ASK, max_tokens=6, temperature=0,
+                                         logprobs=True, top_logprobs=3, stream=True,
+                                         extra_body={"cache": False})
+    got = [t for ch in streamed for choice in ch.choices if choice.logprobs
+           for t in choice.logprobs.content or ()]
+    assert [(t.token, round(t.logprob, 4)) for t in got] == \
+        [(t.token, round(t.logprob, 4)) for t in content]
+
+
+def test_text_completion_logprobs(smol_server: Any) -> None:
+    r = client(smol_server).completions.create(model=SMOL, prompt="The sky is", max_tokens=5,
+                                               temperature=0, logprobs=2,
+                                               extra_body={"cache": False})
+    lp = r.choices[0].logprobs
+    assert lp is not None and lp.tokens and "".join(lp.tokens) == r.choices[0].text
+    assert lp.text_offset == [sum(len(t) for t in lp.tokens[:i]) for i in range(len(lp.tokens))]
+    assert all(len(top) == 2 for top in lp.top_logprobs or ())
+
+
+@pytest.mark.parametrize(("extra", "param"), [
+    ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
+    ({"n": 2}, "n"), ({"response_format": {"type": "json_object"}}, "response_format"),
+    ({"frequency_penalty": 1.0}, "frequency_penalty"), ({"reasoning_effort": "low"}, "reasoning_effort"),
+])
+def test_what_the_engine_does_not_serve_is_a_400(smol_server: Any, extra: dict[str, Any],
+                                                 param: str) -> None:
+    with pytest.raises(openai.BadRequestError) as err:
+        client(smol_server).chat.completions.create(model=SMOL, messages=ASK, max_tokens=2,
+                                                    extra_body=extra)
+    assert err.value.body["param"] == param  # type: ignore[index]

@@ -1,0 +1,117 @@
+"""POST /v1/messages with the official `anthropic` client, through a remote backend (the
+fake upstream): text, streaming, a tool-use round trip, images, errors in Anthropic's
+shape."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import anthropic
+import httpx
+import pytest
+from conftest import LiveApp, wait_ready
+
+from redline.api.app import create_app
+from redline.backends.fake import FakeBackend
+from redline.backends.fake_upstream import Dist, UpstreamSpec, create_upstream
+from redline.backends.openai_compat import from_config
+from redline.config import RedlineConfig
+
+WEATHER = {"name": "get_weather", "description": "The weather in a city",
+           "input_schema": {"type": "object", "properties": {"city": {"type": "string"}},
+                            "required": ["city"]}}
+ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
+
+
+class _Live(LiveApp):
+    def __enter__(self) -> _Live:
+        self.thread.start()
+        wait_ready(self.url, timeout=180)
+        return self
+
+
+@pytest.fixture(scope="module")
+def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[anthropic.Anthropic, str, str]]:
+    data = tmp_path_factory.mktemp("messages")
+    with _Live(create_upstream(UpstreamSpec(ttft=Dist(0.0), tpot=Dist(0.0), cached_tokens=1),
+                               name="served")) as up:
+        cfg = RedlineConfig(models=[{"name": "remote", "backend": "openai", "url": up.url,
+                                     "upstream_model": "served"},
+                                    {"name": "local", "bundled": "x"}],
+                            cache={"enabled": False}, server={"data_dir": str(data)})
+        backends = {"remote": from_config(cfg.models[0]), "local": FakeBackend("local")}
+        with _Live(create_app(cfg, backends=backends)) as gw:
+            client = anthropic.Anthropic(base_url=gw.url, api_key="x", max_retries=0)
+            yield client, gw.url, up.url
+            client.close()
+
+
+def test_text(gateway: Any) -> None:
+    client, _, _ = gateway
+    msg = client.messages.create(model="remote", max_tokens=3, messages=ASK,
+                                 system="Be brief.", stop_sequences=["zzz"])
+    assert msg.type == "message" and msg.role == "assistant" and msg.model == "remote"
+    assert [b.type for b in msg.content] == ["text"]
+    assert msg.content[0].text == "tok tok tok"  # type: ignore[union-attr]
+    assert msg.stop_reason == "max_tokens"
+    assert msg.usage.output_tokens == 3 and msg.usage.cache_read_input_tokens == 1
+
+
+def test_streaming(gateway: Any) -> None:
+    client, _, _ = gateway
+    with client.messages.stream(model="remote", max_tokens=4, messages=ASK) as stream:
+        texts = list(stream.text_stream)
+        final = stream.get_final_message()
+    assert texts == ["tok", " tok", " tok", " tok"]
+    assert final.content[0].text == "tok tok tok tok"  # type: ignore[union-attr]
+    assert final.stop_reason == "max_tokens" and final.usage.output_tokens == 4
+
+
+def test_a_tool_use_round_trip(gateway: Any) -> None:
+    client, _, up = gateway
+    messages: list[Any] = list(ASK)
+    first = client.messages.create(model="remote", max_tokens=64, messages=messages,
+                                   tools=[WEATHER])
+    assert first.stop_reason == "tool_use"
+    use = first.content[0]
+    assert use.type == "tool_use" and use.name == "get_weather"
+    assert use.input == {"city": "tok"}
+    with client.messages.stream(model="remote", max_tokens=64, messages=messages,
+                                tools=[WEATHER]) as stream:
+        streamed = stream.get_final_message()
+    assert streamed.content[0].type == "tool_use" and streamed.content[0].input == {"city": "tok"}
+    messages += [{"role": "assistant", "content": first.content},
+                 {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use.id,
+                                               "content": "sunny"}]}]
+    final = client.messages.create(model="remote", max_tokens=64, messages=messages,
+                                   tools=[WEATHER])
+    assert final.stop_reason == "end_turn"
+    assert final.content[0].text == "result: sunny."  # type: ignore[union-attr]
+    sent = httpx.get(f"{up}/last").json()  # what the OpenAI-compatible upstream was asked
+    assert sent["messages"][1]["tool_calls"][0]["id"] == use.id
+    assert sent["messages"][2] == {"role": "tool", "content": "sunny", "tool_call_id": use.id}
+    assert sent["tools"][0]["function"]["parameters"] == WEATHER["input_schema"]
+
+
+def test_images_reach_the_upstream(gateway: Any) -> None:
+    client, _, _ = gateway
+    msg = client.messages.create(model="remote", max_tokens=1, messages=[{"role": "user", "content": [
+        {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "iVBO"}},
+        {"type": "text", "text": "What is it?"}]}])
+    assert msg.content[0].text == "images:1"  # type: ignore[union-attr]
+
+
+def test_errors_are_anthropic_shaped(gateway: Any) -> None:
+    client, url, _ = gateway
+    with pytest.raises(anthropic.BadRequestError) as err:
+        client.messages.create(model="remote", max_tokens=0, messages=ASK)
+    assert err.value.body["error"]["type"] == "invalid_request_error"  # type: ignore[index]
+    with pytest.raises(anthropic.NotFoundError):
+        client.messages.create(model="nope", max_tokens=5, messages=ASK)
+    with pytest.raises(anthropic.BadRequestError) as err:  # the embedded engine has no tools
+        client.messages.create(model="local", max_tokens=5, messages=ASK, tools=[WEATHER])
+    assert "tools" in err.value.body["error"]["message"]  # type: ignore[index]
+    r = httpx.post(f"{url}/v1/messages", json={"model": "remote", "max_tokens": 5,
+                                               "messages": ASK, "thinking": {"type": "enabled"}})
+    assert r.status_code == 400 and r.json()["type"] == "error"
