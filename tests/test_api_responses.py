@@ -7,54 +7,17 @@ previous_response_id, store: false), tenants."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from typing import Any
 
 import httpx
 import openai
 import pytest
-from conftest import LiveApp, wait_ready
-
-from redline.api.app import create_app
-from redline.backends.fake import FakeBackend
-from redline.backends.fake_upstream import Dist, UpstreamSpec, create_upstream
-from redline.backends.openai_compat import from_config
-from redline.config import RedlineConfig
+from responses_support import Gateway, responses_gateway  # noqa: F401  (the fixture)
 
 WEATHER = {"type": "function", "name": "get_weather", "description": "The weather in a city",
            "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
                           "required": ["city"]}}
 ASK = "What is the weather in Paris?"
-
-
-class _Live(LiveApp):
-    def __enter__(self) -> _Live:
-        self.thread.start()
-        wait_ready(self.url, timeout=180)
-        return self
-
-
-Gateway = tuple[openai.OpenAI, openai.OpenAI, str, str]
-
-
-@pytest.fixture(scope="module")
-def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
-    data = tmp_path_factory.mktemp("responses")
-    with _Live(create_upstream(UpstreamSpec(ttft=Dist(0.0), tpot=Dist(0.0), cached_tokens=1),
-                               name="served")) as up:
-        cfg = RedlineConfig(models=[{"name": "remote", "backend": "openai", "url": up.url,
-                                     "upstream_model": "served"},
-                                    {"name": "local", "bundled": "x"}],
-                            default_model="remote", cache={"enabled": False},
-                            server={"data_dir": str(data)})
-        backends = {"remote": from_config(cfg.models[0]), "local": FakeBackend("local")}
-        with _Live(create_app(cfg, backends=backends)) as gw:
-            # two bearer tokens on an open server: two tenants
-            client = openai.OpenAI(base_url=f"{gw.url}/v1", api_key="key-a", max_retries=0)
-            other = openai.OpenAI(base_url=f"{gw.url}/v1", api_key="key-b", max_retries=0)
-            yield client, other, gw.url, up.url
-            client.close()
-            other.close()
 
 
 def _sent(up: str) -> dict[str, Any]:
