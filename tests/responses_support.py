@@ -17,8 +17,10 @@ from redline.backends.openai_compat import from_config
 from redline.config import RedlineConfig
 
 
-class _Live(LiveApp):
-    def __enter__(self) -> _Live:
+class Live(LiveApp):
+    """LiveApp with a longer wait for readiness (the machine is shared and busy)."""
+
+    def __enter__(self) -> Live:
         self.thread.start()
         wait_ready(self.url, timeout=180)
         return self
@@ -30,7 +32,7 @@ Gateway = tuple[openai.OpenAI, openai.OpenAI, str, str]
 @pytest.fixture(scope="module", name="gateway")
 def responses_gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
     data = tmp_path_factory.mktemp("responses")
-    with _Live(create_upstream(UpstreamSpec(ttft=Dist(0.0), tpot=Dist(0.0), cached_tokens=1),
+    with Live(create_upstream(UpstreamSpec(ttft=Dist(0.0), tpot=Dist(0.0), cached_tokens=1),
                                name="served")) as up:
         cfg = RedlineConfig(models=[{"name": "remote", "backend": "openai", "url": up.url,
                                      "upstream_model": "served"},
@@ -38,7 +40,7 @@ def responses_gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gate
                             default_model="remote", cache={"enabled": False},
                             server={"data_dir": str(data)})
         backends = {"remote": from_config(cfg.models[0]), "local": FakeBackend("local")}
-        with _Live(create_app(cfg, backends=backends)) as gw:
+        with Live(create_app(cfg, backends=backends)) as gw:
             # two bearer tokens on an open server: two tenants
             client = openai.OpenAI(base_url=f"{gw.url}/v1", api_key="key-a", max_retries=0)
             other = openai.OpenAI(base_url=f"{gw.url}/v1", api_key="key-b", max_retries=0)

@@ -190,3 +190,15 @@ def test_capabilities_are_checked(gateway: Gateway) -> None:
     assert err.value.body["param"] == "tools"  # type: ignore[index]
     with pytest.raises(openai.NotFoundError):
         client.responses.create(model="nope", input="x")
+
+
+def test_a_chain_past_the_context_is_a_400_with_truncation_disabled(gateway: Gateway) -> None:
+    client, _, _, _ = gateway  # the local fake's context: 4096 words
+    first = client.responses.create(model="local", input="word " * 3000, max_output_tokens=2)
+    with pytest.raises(openai.BadRequestError) as err:
+        client.responses.create(model="local", input="word " * 1500, max_output_tokens=2,
+                                previous_response_id=first.id, truncation="disabled")
+    assert err.value.code == "context_length_exceeded"
+    with pytest.raises(openai.BadRequestError) as err:  # not served yet: refused, not ignored
+        client.responses.create(model="local", input="x", truncation="auto")
+    assert err.value.param == "truncation"

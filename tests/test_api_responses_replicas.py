@@ -5,16 +5,17 @@ other (starting_after) while it is still being generated, byte for byte."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import openai
 import pytest
-from conftest import LiveApp
+from responses_support import Live
 
 from redline.api.app import create_app
 from redline.backends.fake_upstream import Dist, UpstreamSpec, create_upstream
@@ -25,17 +26,19 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.fixture
-def replicas(live_app: Callable[[Any], LiveApp], tmp_path: Path,
-             redis_url: str) -> Iterator[tuple[str, str, str]]:
-    up = live_app(create_upstream(UpstreamSpec(ttft=Dist(0.0), tpot=Dist(0.01)), name="served"))
-    urls = []
-    for name in "ab":
-        cfg = RedlineConfig(models=[{"name": "remote", "backend": "openai", "url": up.url,
-                                     "upstream_model": "served"}],
-                            cache={"enabled": False}, store={"url": redis_url},
-                            server={"data_dir": str(tmp_path / name)})
-        urls.append(live_app(create_app(cfg, backends={"remote": from_config(cfg.models[0])})).url)
-    yield urls[0], urls[1], up.url
+def replicas(tmp_path: Path, redis_url: str) -> Iterator[tuple[str, str, str]]:
+    with contextlib.ExitStack() as stack:
+        up = stack.enter_context(Live(create_upstream(
+            UpstreamSpec(ttft=Dist(0.0), tpot=Dist(0.01)), name="served")))
+        urls = []
+        for name in "ab":
+            cfg = RedlineConfig(models=[{"name": "remote", "backend": "openai", "url": up.url,
+                                         "upstream_model": "served"}],
+                                cache={"enabled": False}, store={"url": redis_url},
+                                server={"data_dir": str(tmp_path / name)})
+            app = create_app(cfg, backends={"remote": from_config(cfg.models[0])})
+            urls.append(stack.enter_context(Live(app)).url)
+        yield urls[0], urls[1], up.url
 
 
 def _client(url: str) -> openai.OpenAI:
@@ -97,3 +100,17 @@ def test_a_stream_cut_on_one_replica_resumes_on_the_other(replicas: tuple[str, s
         assert whole.content == joined  # what an uninterrupted reader got
         with _client(b) as client:  # and the stored answer is on every replica
             assert client.responses.retrieve(rid).output_text == datas[-1]["response"]["output_text"]
+
+
+def test_a_streaming_response_is_in_progress_on_every_replica(
+        replicas: tuple[str, str, str]) -> None:
+    a, b, _ = replicas
+    rid, _ = _cut(a, {"model": "remote", "input": "hi", "max_output_tokens": 1000}, 3)
+    with _client(b) as client:  # 1000 tokens x 10 ms: generating for seconds yet
+        assert client.responses.retrieve(rid).status == "in_progress"
+        with pytest.raises(openai.BadRequestError) as err:
+            client.responses.create(model="remote", input="x", previous_response_id=rid)
+        assert err.value.param == "previous_response_id"
+        events = list(client.responses.retrieve(rid, stream=True, starting_after=1))
+        assert events[-1].type == "response.incomplete"
+        assert client.responses.retrieve(rid).status == "incomplete"

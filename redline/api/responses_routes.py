@@ -54,6 +54,9 @@ async def create(request: Request) -> Response:
         previous = await records.get(body.previous_response_id, tenant)
         if previous is None:
             raise _not_found(body.previous_response_id, "previous_response_id")
+        if previous.response.get("status") == "in_progress":
+            raise InvalidRequest(f"Response '{previous.id}' is still in progress.",
+                                 param="previous_response_id")
         context = previous.chain()
     items = rq.normalize(body.input)
     tier = request.headers.get("x-redline-tier") or body.tier
@@ -118,6 +121,11 @@ class _Run:
     async def events(self, progress: Progress | None) -> AsyncIterator[bytes]:
         out, c = self.output, self.completion
         yield out.event("response.created", {"response": self.snapshot("in_progress")})
+        if self.body.store:  # retrievable (in_progress) on any replica while it streams
+            with contextlib.suppress(Exception):  # the final write is the one that counts
+                await self.records.put(ResponseRecord(c.request.tenant,
+                                                      self.snapshot("in_progress"),
+                                                      self.items, self.context))
         yield out.event("response.in_progress", {"response": self.snapshot("in_progress")})
         try:
             async for chunk in c.chunks:
