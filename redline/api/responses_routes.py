@@ -12,8 +12,9 @@ manager under its own id, so it can be resumed from its journal, from any replic
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from typing import Any
 
 import orjson
@@ -28,6 +29,7 @@ from redline.errors import InvalidRequest, NotFound
 from redline.pipeline import AUTO, Completion, Pipeline
 from redline.responses import ResponseRecord, ResponseRecords
 from redline.streams import Progress, StreamManager
+from redline.streams.live import WriteThrough
 from redline.types import FinishReason
 
 router = APIRouter()
@@ -77,8 +79,21 @@ async def create(request: Request) -> Response:
         headers |= {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
         if not body.store:  # kept nowhere, not even in a journal: not resumable
             return StreamingResponse(events, media_type="text/event-stream", headers=headers)
-        live = streams.start(response_id, events, tenant=tenant)
-        return sse.EventStream(streams.follow(live), headers=headers)
+        # the events up to the first output delta are taken here, as chat's first token
+        # is: the response's first write carries them (not a trip through a producer task)
+        first: list[bytes] = []
+        try:
+            while not run.primed:
+                first.append(await events.__anext__())
+        except StopAsyncIteration:
+            pass
+        except BaseException:  # cancelled while waiting: free the upstream or engine now
+            await events.aclose()
+            raise
+        live = streams.start(response_id, events, tenant=tenant, first=first)
+        through = WriteThrough()  # the producer writes events once the response is under way
+        return sse.EventStream(streams.follow(live, through=through), headers=headers,
+                               first_ready=bool(first), on_started=through.offer)
     async for chunk in completion.chunks:
         run.output.add(chunk)
         run.note(chunk.finish_reason, chunk.error)
@@ -98,6 +113,8 @@ class _Run:
         self.output = Output()
         self.finish_reason: FinishReason | None = None
         self.error: str | None = None
+        self.primed = False  # the events of the first output delta have been yielded
+        self._in_progress: asyncio.Task[None] | None = None
 
     def note(self, finish: FinishReason | None, error: str | None) -> None:
         if finish is not None:
@@ -114,18 +131,21 @@ class _Run:
                                self.completion.model, status, self.output.items,
                                self.completion.usage, error, incomplete)
         if self.body.store:
+            if self._in_progress is not None:  # never written over the final record
+                await asyncio.gather(self._in_progress, return_exceptions=True)
             await self.records.put(ResponseRecord(self.completion.request.tenant, answer,
                                                   self.items, self.context))
         return answer
 
-    async def events(self, progress: Progress | None) -> AsyncIterator[bytes]:
+    async def events(self, progress: Progress | None) -> AsyncGenerator[bytes, None]:
         out, c = self.output, self.completion
         yield out.event("response.created", {"response": self.snapshot("in_progress")})
-        if self.body.store:  # retrievable (in_progress) on any replica while it streams
-            with contextlib.suppress(Exception):  # the final write is the one that counts
-                await self.records.put(ResponseRecord(c.request.tenant,
-                                                      self.snapshot("in_progress"),
-                                                      self.items, self.context))
+        if self.body.store:  # retrievable (in_progress) on any replica while it streams;
+            # written aside, off the first token's way (finish() waits for it)
+            self._in_progress = asyncio.create_task(self.records.put(ResponseRecord(
+                c.request.tenant, self.snapshot("in_progress"), self.items, self.context)))
+            # a failure is seen by finish(); abandoned before it, nobody else needs it
+            self._in_progress.add_done_callback(lambda t: t.cancelled() or t.exception())
         yield out.event("response.in_progress", {"response": self.snapshot("in_progress")})
         try:
             async for chunk in c.chunks:
@@ -133,7 +153,9 @@ class _Run:
                     self.note("error", chunk.error)
                     break
                 at = None if progress is None else {"progress": progress.advance(chunk.tokens)}
-                for event in out.add(chunk, at):
+                step = out.add(chunk, at)
+                for i, event in enumerate(step):
+                    self.primed = self.primed or i == len(step) - 1
                     yield event
                 self.note(chunk.finish_reason, None)
         except Exception as exc:  # after the stream began: it ends as response.failed
