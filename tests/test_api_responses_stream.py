@@ -122,6 +122,12 @@ def test_resume_replays_exactly_what_followed(gateway: Gateway) -> None:
     other = httpx.get(f"{url}/v1/responses/{rid}", params={"stream": "true"},
                       headers={"Authorization": "Bearer key-b"})
     assert other.status_code == 404
+    with pytest.raises(openai.BadRequestError):  # not a background one
+        gateway[0].responses.cancel(rid)
+    gateway[0].responses.delete(rid)  # deleted: its stream cannot be replayed either
+    gone = httpx.get(f"{url}/v1/responses/{rid}", params={"stream": "true"},
+                     headers={"Authorization": "Bearer key-a"})
+    assert gone.status_code == 404
     bad = httpx.get(f"{url}/v1/responses/{rid}", params={"stream": "true", "starting_after": "x"},
                     headers={"Authorization": "Bearer key-a"})
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "starting_after"

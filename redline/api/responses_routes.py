@@ -206,9 +206,25 @@ async def retrieve(response_id: str, request: Request) -> Response:
 
 @router.delete("/v1/responses/{response_id}", response_model=None)
 async def delete(response_id: str, request: Request) -> dict[str, Any]:
-    if not await _records(request).delete(response_id, tenant_of(request)):
+    records, tenant = _records(request), tenant_of(request)
+    record = await records.get(response_id, tenant)
+    if record is None:
         raise _not_found(response_id)
+    if record.response.get("status") == "in_progress":  # its end would write it again
+        raise InvalidRequest(f"Response '{response_id}' is still in progress.",
+                             param="response_id")
+    await records.delete(response_id, tenant)
+    streams: StreamManager = request.app.state.streams
+    await streams.journal.drop(response_id)  # nor can its stream be replayed any more
     return {"id": response_id, "object": "response.deleted", "deleted": True}
+
+
+@router.post("/v1/responses/{response_id}/cancel", response_model=None)
+async def cancel(response_id: str, request: Request) -> Response:
+    if await _records(request).get(response_id, tenant_of(request)) is None:
+        raise _not_found(response_id)
+    # background responses are not served yet, so none of them can be cancelled
+    raise InvalidRequest("Only background responses can be cancelled.", param="response_id")
 
 
 @router.get("/v1/responses/{response_id}/input_items", response_model=None)
