@@ -173,6 +173,9 @@ def test_store_false_keeps_nothing(gateway: Gateway) -> None:
     ({"text": {"verbosity": "low"}}, "text.verbosity"),
     ({"max_output_tokens": 0}, "max_output_tokens"),
     ({"background": True}, "background"),
+    ({"input": []}, "input"),
+    ({"model": "local", "text": {"format": {"type": "json_schema", "name": "x",
+                                            "schema": {"type": "object"}}}}, "text.format"),
     ({"previous_response_id": "resp_unknown"}, "previous_response_id"),
 ])
 def test_bad_requests_name_their_param(gateway: Gateway, body: dict[str, Any], param: str) -> None:

@@ -72,6 +72,8 @@ def parse(raw: bytes) -> ResponsesRequest:
     if body.truncation == "auto":
         raise InvalidRequest("truncation 'auto' is not served yet; use 'disabled'.",
                              param="truncation")
+    if isinstance(body.input, list) and not body.input:
+        raise InvalidRequest("input is empty.", param="input")
     if body.previous_response_id == "":
         raise InvalidRequest("previous_response_id is empty.", param="previous_response_id")
     return body

@@ -34,6 +34,9 @@ from redline.types import FinishReason
 
 router = APIRouter()
 
+# chat's field names in capability errors, as the Responses API names them
+_PARAMS = {"messages": "input", "response_format": "text.format"}
+
 _FINAL = {"completed": "response.completed", "incomplete": "response.incomplete",
           "failed": "response.failed", "cancelled": "response.failed"}
 
@@ -66,7 +69,11 @@ async def create(request: Request) -> Response:
         raise InvalidRequest("X-Redline-Tier must be one of S, A, B, auto", param="tier")
     gen = rq.generation(body, context + items, tier, tenant,
                         "no-cache" in request.headers.get("cache-control", "").lower())
-    capabilities.check(request.app.state.config, gen, AUTO)
+    try:
+        capabilities.check(request.app.state.config, gen, AUTO)
+    except InvalidRequest as exc:  # named as this API names the field
+        exc.param = _PARAMS.get(exc.param or "", exc.param)
+        raise
     pipeline: Pipeline = request.app.state.pipeline
     completion = await pipeline.complete(gen)
     response_id = gen.id.replace("req-", "resp_")
