@@ -134,6 +134,13 @@ class StreamsConfig(_Section):
     progress: bool = Field(True, description="chunks carry redline.progress (tokens, expected, eta)")
 
 
+class ResponsesConfig(_Section):
+    """The Responses API's stored responses (POST /v1/responses with store: true)."""
+
+    ttl_s: float = Field(30 * 24 * 3600.0, gt=0, description="a stored response (and its input "
+                         "items) expires this long after it was written")
+
+
 class TierBudget(_Section):
     """What a tier promises; None means no limit. `max_inflight` is its admission limit."""
 
@@ -378,6 +385,7 @@ class RedlineConfig(BaseSettings):
     store: StoreConfig = StoreConfig()
     cache: CacheConfig = CacheConfig()
     experiments: ExperimentsConfig = ExperimentsConfig()
+    responses: ResponsesConfig = ResponsesConfig()
 
     @field_validator("models")
     @classmethod

@@ -23,6 +23,7 @@ from redline.api import (
     messages_routes,
     openai_routes,
     ops_routes,
+    responses_routes,
     stream_routes,
     web_routes,
 )
@@ -162,6 +163,7 @@ def create_app(config: RedlineConfig, backends: Mapping[str, Backend] | None = N
     app.include_router(openai_routes.router)
     app.include_router(embeddings_routes.router)
     app.include_router(messages_routes.router)
+    app.include_router(responses_routes.router)
     app.include_router(stream_routes.router)
     app.include_router(jobs_routes.router)
     app.include_router(batch_routes.router)

@@ -1,0 +1,277 @@
+"""POST /v1/responses' body onto redline's typed request: the input items (messages
+with text and image parts, `function_call`, `function_call_output`) after the chain of a
+`previous_response_id` become structured messages, function tools, tool_choice and
+`text.format` the same typed fields as chat completions', so that every backend is asked
+the same way. Fields redline does not serve are refused (400 with param), never dropped."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from redline.api import schemas
+from redline.errors import InvalidRequest
+from redline.types import (
+    ContentPart,
+    FunctionTool,
+    GenerationRequest,
+    Message,
+    ResponseFormat,
+    SamplingParams,
+    ToolCall,
+    ToolChoice,
+    new_id,
+)
+
+
+class TextConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    format: dict[str, Any] | None = None
+
+
+class ResponsesRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    model: str = Field(..., min_length=1)
+    input: str | list[dict[str, Any]]
+    instructions: str | None = None
+    previous_response_id: str | None = None
+    store: bool = True
+    background: bool = False
+    stream: bool = False
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
+    text: TextConfig | None = None
+    max_output_tokens: int | None = Field(None, ge=1)
+    temperature: float | None = Field(None, ge=0.0, le=2.0)
+    top_p: float | None = Field(None, ge=0.0, le=1.0)
+    metadata: dict[str, str] | None = Field(None, max_length=16)
+    user: str | None = None
+    truncation: Literal["disabled", "auto"] | None = None
+    # redline's extensions, as on chat completions
+    tier: Literal["S", "A", "B", "auto"] | None = None
+    cache: bool | None = None
+
+
+def parse(raw: bytes) -> ResponsesRequest:
+    try:
+        body = ResponsesRequest.model_validate_json(raw)
+    except ValidationError as exc:
+        errors = exc.errors()
+        where = ".".join(str(p) for p in errors[0]["loc"]) if errors else ""
+        message = (f"Unknown parameter: '{where}'." if errors and errors[0]["type"] == "extra_forbidden"
+                   else f"{where}: {errors[0]['msg'] if errors else 'invalid body'}")
+        raise InvalidRequest(message, param=where or None) from exc
+    if body.background:  # not served yet: refused rather than run in the foreground
+        raise InvalidRequest("background responses are not served by this server yet.",
+                             param="background")
+    if body.truncation == "auto":
+        raise InvalidRequest("truncation 'auto' is not served yet; use 'disabled'.",
+                             param="truncation")
+    if isinstance(body.input, list) and not body.input:
+        raise InvalidRequest("input is empty.", param="input")
+    if body.previous_response_id == "":
+        raise InvalidRequest("previous_response_id is empty.", param="previous_response_id")
+    return body
+
+
+# ---- input items -----------------------------------------------------------------
+
+_PARTS = {"input_text", "input_image", "output_text", "refusal"}
+
+
+def normalize(raw: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The input as stored items: each with its id, type and status, content as parts."""
+    if isinstance(raw, str):
+        return [_message("user", [{"type": "input_text", "text": raw}], None)]
+    out = []
+    for i, item in enumerate(raw):
+        kind = item.get("type", "message")
+        where = f"input[{i}]"
+        if kind == "message":
+            role = item.get("role")
+            if role not in ("user", "system", "developer", "assistant"):
+                raise InvalidRequest(f"Invalid value for '{where}.role': {role!r}.",
+                                     param=f"{where}.role")
+            _known(item, {"type", "role", "content", "id", "status"}, where)
+            out.append(_message(role, _parts(item.get("content"), role, where), item.get("id")))
+        elif kind == "function_call":
+            _known(item, {"type", "call_id", "name", "arguments", "id", "status"}, where)
+            for key in ("call_id", "name", "arguments"):
+                if not isinstance(item.get(key), str):
+                    raise InvalidRequest(f"'{where}.{key}' must be a string.",
+                                         param=f"{where}.{key}")
+            out.append({"id": item.get("id") or new_id("fc").replace("-", "_"),
+                        "type": "function_call", "status": "completed",
+                        "call_id": item["call_id"], "name": item["name"],
+                        "arguments": item["arguments"]})
+        elif kind == "function_call_output":
+            _known(item, {"type", "call_id", "output", "id", "status"}, where)
+            if not isinstance(item.get("call_id"), str) or not isinstance(item.get("output"), str):
+                raise InvalidRequest(f"'{where}' needs call_id and output (strings).",
+                                     param=f"{where}.output")
+            out.append({"id": item.get("id") or new_id("fco").replace("-", "_"),
+                        "type": "function_call_output", "status": "completed",
+                        "call_id": item["call_id"], "output": item["output"]})
+        else:
+            raise InvalidRequest(f"Invalid value for '{where}.type': {kind!r}; served are "
+                                 "message, function_call and function_call_output.",
+                                 param=f"{where}.type")
+    return out
+
+
+def _known(item: dict[str, Any], known: set[str], where: str) -> None:
+    unknown = sorted(set(item) - known)
+    if unknown:
+        raise InvalidRequest(f"Unknown parameter: '{where}.{unknown[0]}'.",
+                             param=f"{where}.{unknown[0]}")
+
+
+def _message(role: str, parts: list[dict[str, Any]], item_id: Any) -> dict[str, Any]:
+    return {"id": item_id if isinstance(item_id, str) else new_id("msg").replace("-", "_"),
+            "type": "message", "role": role, "status": "completed", "content": parts}
+
+
+def _parts(content: Any, role: str, where: str) -> list[dict[str, Any]]:
+    if isinstance(content, str):
+        if role == "assistant":
+            return [{"type": "output_text", "text": content, "annotations": []}]
+        return [{"type": "input_text", "text": content}]
+    if not isinstance(content, list):
+        raise InvalidRequest(f"'{where}.content' must be a string or a list of parts.",
+                             param=f"{where}.content")
+    out = []
+    for j, part in enumerate(content):
+        at = f"{where}.content[{j}]"
+        part_kind = part.get("type") if isinstance(part, dict) else None
+        if part_kind not in _PARTS:
+            raise InvalidRequest(f"Invalid value for '{at}.type': {part_kind!r}.",
+                                 param=f"{at}.type")
+        if part_kind == "input_image":
+            _known(part, {"type", "image_url", "detail"}, at)
+            if not isinstance(part.get("image_url"), str):
+                raise InvalidRequest(f"'{at}.image_url' must be a URL (or a data: URL).",
+                                     param=f"{at}.image_url")
+        elif part_kind == "refusal":
+            _known(part, {"type", "refusal"}, at)
+        else:
+            _known(part, {"type", "text", "annotations", "logprobs"}, at)
+            if not isinstance(part.get("text"), str):
+                raise InvalidRequest(f"'{at}.text' must be a string.", param=f"{at}.text")
+        out.append(dict(part))
+    return out
+
+
+def messages(items: list[dict[str, Any]]) -> list[Message]:
+    """Stored items as chat messages: a function_call joins the assistant turn before it
+    (or opens one), a function_call_output is a tool message."""
+    out: list[Message] = []
+    for item in items:
+        kind = item["type"]
+        if kind == "function_call":
+            call = ToolCall(item["call_id"], item["name"], item["arguments"])
+            if out and out[-1].role == "assistant":
+                out[-1] = dataclasses.replace(out[-1], tool_calls=(*out[-1].tool_calls, call))
+            else:
+                out.append(Message("assistant", "", tool_calls=(call,), null_content=True))
+        elif kind == "function_call_output":
+            out.append(Message("tool", item["output"], tool_call_id=item["call_id"]))
+        elif kind == "message":
+            parts = []
+            for p in item["content"]:
+                if p["type"] == "input_image":
+                    parts.append(ContentPart("image_url", image_url=p["image_url"],
+                                             detail=p.get("detail")))
+                else:
+                    parts.append(ContentPart("text", text=p.get("text") or p.get("refusal") or ""))
+            text = "".join(p.text or "" for p in parts)
+            images = any(p.type == "image_url" for p in parts)
+            role = "system" if item["role"] == "developer" else item["role"]
+            out.append(Message(role, text, tuple(parts) if images else None))
+        # reasoning items of earlier outputs: not sent back to the model (as OpenAI's
+        # chat-shaped engines do not take them)
+    return out
+
+
+# ---- the typed request -------------------------------------------------------------
+
+def generation(body: ResponsesRequest, items: list[dict[str, Any]], tier: str | None,
+               tenant: str, no_cache: bool) -> GenerationRequest:
+    history = ([Message("system", body.instructions)] if body.instructions else []) + messages(items)
+    tools = _tools(body.tools)
+    return GenerationRequest(
+        model=body.model, messages=tuple(history),
+        sampling=SamplingParams(
+            max_tokens=body.max_output_tokens or schemas.DEFAULT_MAX_TOKENS,
+            temperature=1.0 if body.temperature is None else body.temperature,
+            top_p=1.0 if body.top_p is None else body.top_p),
+        tier=None if tier in (None, "auto") else tier,  # type: ignore[arg-type]
+        tenant=tenant, use_cache=body.cache is not False and not no_cache and not tools,
+        user=body.user, tools=tools, tool_choice=_tool_choice(body.tool_choice, tools),
+        parallel_tool_calls=body.parallel_tool_calls,
+        response_format=_format(body.text.format if body.text else None),
+        max_tokens_field="max_completion_tokens")
+
+
+def _tools(raw: list[dict[str, Any]] | None) -> tuple[FunctionTool, ...]:
+    out = []
+    for i, tool in enumerate(raw or ()):
+        if tool.get("type") != "function":
+            raise InvalidRequest(f"Invalid value for 'tools[{i}].type': {tool.get('type')!r}; "
+                                 "only 'function' tools are served.", param=f"tools[{i}].type")
+        _known(tool, {"type", "name", "description", "parameters", "strict"}, f"tools[{i}]")
+        name = tool.get("name")
+        if not isinstance(name, str) or not name:
+            raise InvalidRequest("A function tool needs a name.", param=f"tools[{i}].name")
+        params = tool.get("parameters")
+        if params is not None:
+            schemas._check_schema(params, f"tools[{i}].parameters")
+        description, strict = tool.get("description"), tool.get("strict")
+        out.append(FunctionTool(name, description if isinstance(description, str) else None,
+                                params, strict if isinstance(strict, bool) else None))
+    return tuple(out)
+
+
+def _tool_choice(raw: str | dict[str, Any] | None,
+                 tools: tuple[FunctionTool, ...]) -> ToolChoice | None:
+    if raw is None:
+        return None
+    if isinstance(raw, str):
+        if raw not in ("none", "auto", "required"):
+            raise InvalidRequest(f"Invalid value for 'tool_choice': {raw!r}.", param="tool_choice")
+        if raw == "required" and not tools:
+            raise InvalidRequest("tool_choice 'required' needs tools.", param="tool_choice")
+        return ToolChoice(raw)  # type: ignore[arg-type]
+    name = raw.get("name")
+    if raw.get("type") != "function" or not isinstance(name, str):
+        raise InvalidRequest("tool_choice must be none, auto, required or "
+                             '{"type": "function", "name": ...}.', param="tool_choice")
+    if name not in {t.name for t in tools}:
+        raise InvalidRequest(f"tool_choice names {name!r}, which is not in tools.",
+                             param="tool_choice.name")
+    return ToolChoice("function", name)
+
+
+def _format(raw: dict[str, Any] | None) -> ResponseFormat | None:
+    if raw is None:
+        return None
+    kind = raw.get("type")
+    if kind in ("text", "json_object"):
+        _known(raw, {"type"}, "text.format")
+        return ResponseFormat(kind)
+    if kind != "json_schema":
+        raise InvalidRequest(f"Invalid value for 'text.format.type': {kind!r}.",
+                             param="text.format.type")
+    _known(raw, {"type", "name", "schema", "strict", "description"}, "text.format")
+    if not isinstance(raw.get("name"), str) or not isinstance(raw.get("schema"), dict):
+        raise InvalidRequest("text.format json_schema needs name and schema.",
+                             param="text.format.schema")
+    schemas._check_schema(raw["schema"], "text.format.schema")
+    strict, description = raw.get("strict"), raw.get("description")
+    return ResponseFormat("json_schema", raw["name"], raw["schema"],
+                          strict if isinstance(strict, bool) else None,
+                          description if isinstance(description, str) else None)

@@ -1,0 +1,207 @@
+"""POST /v1/responses with the official `openai` client, through a remote backend (the
+fake upstream, which answers tools and json_schema as OpenAI does) and the fake local
+backend: the Response object, its items and usage, the typed request the upstream was
+asked, errors with param, stored state (retrieve, delete, input_items, a chain by
+previous_response_id, store: false), tenants."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import httpx
+import openai
+import pytest
+from responses_support import Gateway, responses_gateway  # noqa: F401  (the fixture)
+
+WEATHER = {"type": "function", "name": "get_weather", "description": "The weather in a city",
+           "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                          "required": ["city"]}}
+ASK = "What is the weather in Paris?"
+
+
+def _sent(up: str) -> dict[str, Any]:
+    return httpx.get(f"{up}/last").json()  # type: ignore[no-any-return]
+
+
+def test_text(gateway: Gateway) -> None:
+    client, _, _, up = gateway
+    r = client.responses.create(model="remote", input=ASK, instructions="Be brief.",
+                                max_output_tokens=3, temperature=0.5, top_p=0.9,
+                                metadata={"k": "v"}, user="u1")
+    assert r.object == "response" and r.id.startswith("resp_") and r.model == "remote"
+    assert r.status == "incomplete" and r.incomplete_details is not None
+    assert r.incomplete_details.reason == "max_output_tokens"
+    assert [o.type for o in r.output] == ["message"]
+    msg = r.output[0]
+    assert msg.type == "message" and msg.role == "assistant"
+    assert msg.content[0].type == "output_text" and msg.content[0].text == "tok tok tok"
+    assert r.output_text == "tok tok tok"
+    assert r.usage is not None and r.usage.output_tokens == 3
+    assert r.usage.input_tokens_details.cached_tokens == 1
+    assert r.usage.total_tokens == r.usage.input_tokens + 3
+    assert r.metadata == {"k": "v"} and r.instructions == "Be brief." and r.error is None
+    sent = _sent(up)  # the typed request, as chat completions asks it
+    assert sent["messages"] == [{"role": "system", "content": "Be brief."},
+                                {"role": "user", "content": ASK}]
+    assert sent["max_completion_tokens"] == 3 and sent["temperature"] == 0.5
+    assert sent["top_p"] == 0.9 and sent["user"] == "u1"
+
+
+def test_auto_and_the_local_backend(gateway: Gateway) -> None:
+    client, _, _, _ = gateway
+    r = client.responses.create(model="auto", input="hi", max_output_tokens=64)
+    assert r.model == "remote" and r.status in ("completed", "incomplete")
+    local = client.responses.create(model="local", input="hi", max_output_tokens=5)
+    assert local.model == "local" and local.output_text and local.usage is not None
+    assert local.usage.output_tokens >= 1
+
+
+def test_json_schema(gateway: Gateway) -> None:
+    client, _, _, up = gateway
+    schema = {"type": "object", "properties": {"city": {"type": "string"},
+                                               "n": {"type": "integer"}},
+              "required": ["city", "n"], "additionalProperties": False}
+    r = client.responses.create(model="remote", input="A city?", max_output_tokens=64,
+                                text={"format": {"type": "json_schema", "name": "city",
+                                                 "schema": schema, "strict": True}})
+    value = json.loads(r.output_text)
+    assert set(value) == {"city", "n"} and isinstance(value["n"], int)
+    sent = _sent(up)
+    assert sent["response_format"]["type"] == "json_schema"
+    assert sent["response_format"]["json_schema"]["schema"] == schema
+    assert r.text is not None and r.text.format.type == "json_schema"
+
+
+def test_images_reach_the_upstream(gateway: Gateway) -> None:
+    client, _, _, _ = gateway
+    r = client.responses.create(model="remote", max_output_tokens=1, input=[{
+        "role": "user", "content": [
+            {"type": "input_image", "image_url": "data:image/png;base64,iVBO"},
+            {"type": "input_text", "text": "What is it?"}]}])
+    assert r.output_text == "images:1"
+
+
+def test_a_function_call_round_trip_by_previous_response_id(gateway: Gateway) -> None:
+    client, _, _, up = gateway
+    first = client.responses.create(model="remote", input=ASK, tools=[WEATHER],  # type: ignore[list-item]
+                                    tool_choice="auto", max_output_tokens=64)
+    assert first.status == "completed"
+    call = first.output[0]
+    assert call.type == "function_call" and call.name == "get_weather"
+    assert json.loads(call.arguments) == {"city": "tok"} and call.call_id
+    second = client.responses.create(
+        model="remote", previous_response_id=first.id, tools=[WEATHER],  # type: ignore[list-item]
+        input=[{"type": "function_call_output", "call_id": call.call_id, "output": "sunny"}])
+    assert second.output_text == "result: sunny." and second.previous_response_id == first.id
+    sent = _sent(up)["messages"]  # the whole chain, as chat messages
+    assert sent[0] == {"role": "user", "content": ASK}
+    assert sent[1]["role"] == "assistant" and sent[1]["tool_calls"][0]["id"] == call.call_id
+    assert sent[1]["tool_calls"][0]["function"] == {"name": "get_weather",
+                                                   "arguments": call.arguments}
+    assert sent[2] == {"role": "tool", "content": "sunny", "tool_call_id": call.call_id}
+    # a third turn carries the second's answer too
+    third = client.responses.create(model="remote", previous_response_id=second.id,
+                                    input="And tomorrow?", max_output_tokens=2)
+    assert third.output_text == "tok tok"
+    sent = _sent(up)["messages"]
+    assert [m["role"] for m in sent] == ["user", "assistant", "tool", "assistant", "user"]
+    assert sent[3]["content"] == "result: sunny." and sent[4]["content"] == "And tomorrow?"
+
+
+def test_function_call_items_given_by_the_client(gateway: Gateway) -> None:
+    client, _, _, up = gateway
+    r = client.responses.create(model="remote", tools=[WEATHER], input=[  # type: ignore[list-item]
+        {"role": "user", "content": ASK},
+        {"type": "function_call", "call_id": "call_1", "name": "get_weather",
+         "arguments": '{"city": "Paris"}'},
+        {"type": "function_call_output", "call_id": "call_1", "output": "rain"}])
+    assert r.output_text == "result: rain."
+    sent = _sent(up)["messages"]
+    assert sent[1]["tool_calls"][0]["function"]["arguments"] == '{"city": "Paris"}'
+
+
+def test_retrieve_delete_and_input_items(gateway: Gateway) -> None:
+    client, other, _, _ = gateway
+    r = client.responses.create(model="remote", max_output_tokens=2, input=[
+        {"role": "user", "content": f"q{i}"} for i in range(5)])
+    got = client.responses.retrieve(r.id)
+    assert got.id == r.id and got.output_text == r.output_text and got.status == r.status
+    items = list(client.responses.input_items.list(r.id, limit=2, order="asc"))  # pages
+    assert [i.content[0].text for i in items] == [f"q{i}" for i in range(5)]  # type: ignore[union-attr]
+    assert len({i.id for i in items}) == 5
+    page = client.responses.input_items.list(r.id, limit=2)  # newest first by default
+    assert [i.content[0].text for i in page.data] == ["q4", "q3"]  # type: ignore[union-attr]
+    assert page.has_more
+    # another tenant sees none of it
+    with pytest.raises(openai.NotFoundError):
+        other.responses.retrieve(r.id)
+    with pytest.raises(openai.NotFoundError):
+        other.responses.input_items.list(r.id)
+    with pytest.raises(openai.NotFoundError):
+        other.responses.delete(r.id)
+    with pytest.raises(openai.NotFoundError) as err:
+        other.responses.create(model="remote", input="x", previous_response_id=r.id)
+    assert err.value.body["param"] == "previous_response_id"  # type: ignore[index]
+    client.responses.delete(r.id)
+    with pytest.raises(openai.NotFoundError):
+        client.responses.retrieve(r.id)
+    with pytest.raises(openai.NotFoundError):
+        client.responses.delete(r.id)
+
+
+def test_store_false_keeps_nothing(gateway: Gateway) -> None:
+    client, _, _, _ = gateway
+    r = client.responses.create(model="remote", input="hi", store=False, max_output_tokens=2)
+    assert r.output_text == "tok tok" and r.store is False
+    with pytest.raises(openai.NotFoundError):
+        client.responses.retrieve(r.id)
+    with pytest.raises(openai.NotFoundError):
+        client.responses.create(model="remote", input="x", previous_response_id=r.id)
+
+
+@pytest.mark.parametrize(("body", "param"), [
+    ({"frobnicate": 1}, "frobnicate"),
+    ({"input": [{"type": "file_search_call"}]}, "input[0].type"),
+    ({"input": [{"role": "user", "content": [{"type": "input_file", "file_id": "f"}]}]},
+     "input[0].content[0].type"),
+    ({"input": [{"role": "user", "content": "x", "extra_thing": 1}]}, "input[0].extra_thing"),
+    ({"tools": [{"type": "web_search"}]}, "tools[0].type"),
+    ({"tools": [WEATHER], "tool_choice": {"type": "function", "name": "nope"}},
+     "tool_choice.name"),
+    ({"text": {"format": {"type": "yaml"}}}, "text.format.type"),
+    ({"text": {"verbosity": "low"}}, "text.verbosity"),
+    ({"max_output_tokens": 0}, "max_output_tokens"),
+    ({"background": True}, "background"),
+    ({"input": []}, "input"),
+    ({"model": "local", "text": {"format": {"type": "json_schema", "name": "x",
+                                            "schema": {"type": "object"}}}}, "text.format"),
+    ({"previous_response_id": "resp_unknown"}, "previous_response_id"),
+])
+def test_bad_requests_name_their_param(gateway: Gateway, body: dict[str, Any], param: str) -> None:
+    _, _, url, _ = gateway
+    r = httpx.post(f"{url}/v1/responses", json={"model": "remote", "input": "x", **body})
+    assert r.status_code in (400, 404), r.text
+    err = r.json()["error"]
+    assert err["param"] == param and err["message"]
+
+
+def test_capabilities_are_checked(gateway: Gateway) -> None:
+    client, _, _, _ = gateway
+    with pytest.raises(openai.BadRequestError) as err:  # the embedded engine has no tools
+        client.responses.create(model="local", input=ASK, tools=[WEATHER])  # type: ignore[list-item]
+    assert err.value.body["param"] == "tools"  # type: ignore[index]
+    with pytest.raises(openai.NotFoundError):
+        client.responses.create(model="nope", input="x")
+
+
+def test_a_chain_past_the_context_is_a_400_with_truncation_disabled(gateway: Gateway) -> None:
+    client, _, _, _ = gateway  # the local fake's context: 4096 words
+    first = client.responses.create(model="local", input="word " * 3000, max_output_tokens=2)
+    with pytest.raises(openai.BadRequestError) as err:
+        client.responses.create(model="local", input="word " * 1500, max_output_tokens=2,
+                                previous_response_id=first.id, truncation="disabled")
+    assert err.value.code == "context_length_exceeded"
+    with pytest.raises(openai.BadRequestError) as err:  # not served yet: refused, not ignored
+        client.responses.create(model="local", input="x", truncation="auto")
+    assert err.value.param == "truncation"
