@@ -83,7 +83,7 @@ def test_capabilities_are_checked_against_the_configured_model() -> None:
         assert err.value.param == param, body
     with pytest.raises(InvalidRequest) as err:
         check(cfg, replace(gen(), model="base"))
-    assert err.value.param == "messages"
+    assert err.value.param == "model" and "completions only" in str(err.value)
     with pytest.raises(InvalidRequest) as err:  # no model serves tools: auto cannot either
         check(cfg, replace(gen(tools=[TOOL]), model="auto"))
     assert err.value.param == "tools"

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from redline.config import ModelConfig, RedlineConfig
 from redline.errors import InvalidRequest
+from redline.routing.capabilities import Capabilities
 from redline.types import GenerationRequest
 
 # the request field that asks for each capability, named in the 400
@@ -34,6 +35,8 @@ def check(config: RedlineConfig, request: GenerationRequest, auto: str = "auto")
     if model is None:
         return
     missing = sorted(needs - model.effective_capabilities())
+    if {"chat", "completions"} & set(missing):  # the wrong kind of model: param "model"
+        Capabilities({model.name: model.effective_capabilities()}).check(model.name, needs)
     if missing:
         raise InvalidRequest(f"The model `{model.name}` does not support "
                              f"{', '.join(missing)}.", param=_PARAM[missing[0]])

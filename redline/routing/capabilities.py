@@ -15,12 +15,12 @@ from redline.errors import InvalidRequest
 from redline.types import GenerationRequest
 
 _CHAT = frozenset(("chat",))
-_COMPLETIONS = frozenset(("completions",))
 
 
 def required(request: GenerationRequest) -> frozenset[str]:
-    """The capabilities a request needs (tools, json_schema, ... join here as they are read)."""
-    return _CHAT if request.is_chat else _COMPLETIONS
+    """The capabilities a request needs: chat or completions, and tools, json_schema,
+    vision, logprobs when it asks for them (`GenerationRequest.needs`)."""
+    return request.needs()
 
 
 class Capabilities:
