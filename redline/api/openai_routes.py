@@ -30,7 +30,7 @@ def _pipeline(request: Request) -> Pipeline:
 
 
 # the request headers the completion routes read
-_READ = (b"x-redline-tier", b"authorization", b"cache-control", b"x-request-id")
+_READ = (b"x-redline-tier", b"authorization", b"cache-control", b"x-request-id", b"x-session-id")
 
 
 def _request_headers(scope: Scope) -> dict[bytes, str]:
@@ -89,6 +89,11 @@ async def _handle(request: Request, body: ChatCompletionRequest | CompletionRequ
         _tier(headers.get(b"x-redline-tier"), body.tier),
         tenant_from(request.scope, headers.get(b"authorization", "")),
         "no-cache" in headers.get(b"cache-control", "").lower())
+    session = headers.get(b"x-session-id")
+    if session:  # replica placement keeps a session on one engine replica (backends/pool.py)
+        if len(session) > 256:
+            raise InvalidRequest("X-Session-ID is longer than 256 characters", param="X-Session-ID")
+        gen.session = session
     return await _serve(request, gen_kind=gen_kind, body=body, gen=gen,
                         request_id=headers.get(b"x-request-id"))
 

@@ -7,6 +7,13 @@ token. TTFT and TPOT are drawn from configurable distributions, a share of reque
 fail, and it counts what it saw, including requests whose client went away
 (`cancelled`), at `GET /stats`.
 
+With `prefix_cache_blocks` it also simulates an engine's prefix cache (vLLM's automatic
+prefix caching): the prompt's words are its tokens, cut in blocks of `block_tokens`, each
+block's hash chained to the ones before; an LRU of that many blocks is what it holds, the
+prompt's longest held run of blocks is its cache hit (reported in `usage` as
+`prompt_tokens_details.cached_tokens`, and summed in `/stats` as `prompt_tokens` and
+`cached_tokens`), and `prefill_per_token` is paid for the other prompt tokens only.
+
     python -m redline.backends.fake_upstream --port 9001 --ttft 0.1 --tpot 0.01 --capacity 8
 """
 
@@ -24,6 +31,8 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
+
+from redline.backends.prefix_index import PrefixIndex, chain_hashes
 
 
 @dataclass
@@ -51,6 +60,8 @@ class UpstreamSpec:
     fail_rate: float = 0.0  # answered with 500 before any token
     max_tokens_cap: int | None = None
     seed: int = 0
+    prefix_cache_blocks: int = 0  # 0: no prefix cache simulated
+    block_tokens: int = 16
 
 
 @dataclass
@@ -61,12 +72,15 @@ class Stats:
     cancelled: int = 0
     active: int = 0
     max_active: int = 0
+    prompt_tokens: int = 0
+    cached_tokens: int = 0  # prompt tokens found in the simulated prefix cache
 
 
 def create_upstream(spec: UpstreamSpec, name: str = "fake-upstream") -> Starlette:
     rng = random.Random(spec.seed)
     slots = asyncio.Semaphore(spec.capacity)
     stats = Stats()
+    cache = PrefixIndex(spec.prefix_cache_blocks) if spec.prefix_cache_blocks else None
 
     async def models(_: Request) -> Response:
         return JSONResponse({"object": "list", "data": [{"id": name, "object": "model"}]})
@@ -95,16 +109,24 @@ def create_upstream(spec: UpstreamSpec, name: str = "fake-upstream") -> Starlett
         n = int(body.get("max_tokens") or body.get("max_completion_tokens") or 16)
         if spec.max_tokens_cap:
             n = min(n, spec.max_tokens_cap)
-        words = _prompt_words(body, chat)
-        ttft = spec.ttft.draw(rng) + spec.prefill_per_token * words
+        tokens = _prompt_tokens(body, chat)
+        words = max(1, len(tokens))
+        cached = 0
+        if cache is not None:
+            blocks = _token_blocks(tokens, spec.block_tokens)
+            cached = cache.match(blocks) * spec.block_tokens
+            cache.add(blocks)
+        stats.prompt_tokens += words
+        stats.cached_tokens += cached
+        ttft = spec.ttft.draw(rng) + spec.prefill_per_token * (words - cached)
         tpots = [spec.tpot.draw(rng) for _ in range(max(0, n - 1))]
-        gen = _events(body, chat, n, words, ttft, tpots)
+        gen = _events(body, chat, n, words, ttft, tpots, cached)
         if not body.get("stream"):
-            return await _collect(gen, body, chat, n, words)
+            return await _collect(gen, body, chat, n, words, cached)
         return StreamingResponse(gen, media_type="text/event-stream")
 
     async def _events(body: dict[str, Any], chat: bool, n: int, words: int, ttft: float,
-                      tpots: list[float]) -> Any:
+                      tpots: list[float], cached: int) -> Any:
         model = body.get("model", name)
         created = int(time.time())
         finished = False
@@ -126,8 +148,7 @@ def create_upstream(spec: UpstreamSpec, name: str = "fake-upstream") -> Starlett
                     chunk: dict[str, Any] = {"id": "cmpl-fake", "object": "chat.completion.chunk",
                                              "created": created, "model": model, "choices": [choice]}
                     if last:
-                        chunk["usage"] = {"prompt_tokens": words, "completion_tokens": n,
-                                          "total_tokens": words + n}
+                        chunk["usage"] = _usage(words, n, cached)
                     yield f"data: {json.dumps(chunk)}\n\n"
                 yield "data: [DONE]\n\n"
                 finished = True
@@ -137,7 +158,8 @@ def create_upstream(spec: UpstreamSpec, name: str = "fake-upstream") -> Starlett
                 if not finished:
                     stats.cancelled += 1
 
-    async def _collect(gen: Any, body: dict[str, Any], chat: bool, n: int, words: int) -> Response:
+    async def _collect(gen: Any, body: dict[str, Any], chat: bool, n: int, words: int,
+                       cached: int) -> Response:
         async for _ in gen:
             pass
         text = " ".join(["tok"] * n)
@@ -147,9 +169,7 @@ def create_upstream(spec: UpstreamSpec, name: str = "fake-upstream") -> Starlett
         else:
             choice["text"] = text
         return JSONResponse({"id": "cmpl-fake", "object": "chat.completion", "model": body.get("model"),
-                             "choices": [choice], "usage": {"prompt_tokens": words,
-                                                            "completion_tokens": n,
-                                                            "total_tokens": words + n}})
+                             "choices": [choice], "usage": _usage(words, n, cached)})
 
     app = Starlette(routes=[
         Route("/v1/models", models), Route("/stats", stats_route), Route("/reset", reset, methods=["POST"]),
@@ -161,12 +181,24 @@ def create_upstream(spec: UpstreamSpec, name: str = "fake-upstream") -> Starlett
     return app
 
 
-def _prompt_words(body: dict[str, Any], chat: bool) -> int:
+def _prompt_tokens(body: dict[str, Any], chat: bool) -> list[str]:
+    """The prompt's words: its tokens here."""
     if chat:
-        text = " ".join(str(m.get("content") or "") for m in body.get("messages") or [])
-    else:
-        text = str(body.get("prompt") or "")
-    return max(1, len(text.split()))
+        return " ".join(str(m.get("content") or "") for m in body.get("messages") or []).split()
+    return str(body.get("prompt") or "").split()
+
+
+def _token_blocks(tokens: list[str], block_tokens: int) -> list[int]:
+    n = len(tokens) // block_tokens
+    return chain_hashes(" ".join(tokens[i * block_tokens:(i + 1) * block_tokens]).encode()
+                        for i in range(n))
+
+
+def _usage(words: int, n: int, cached: int) -> dict[str, Any]:
+    usage: dict[str, Any] = {"prompt_tokens": words, "completion_tokens": n, "total_tokens": words + n}
+    if cached:
+        usage["prompt_tokens_details"] = {"cached_tokens": cached}
+    return usage
 
 
 def main() -> None:
@@ -185,9 +217,16 @@ def main() -> None:
     p.add_argument("--capacity", type=int, default=1_000_000)
     p.add_argument("--fail-rate", type=float, default=0.0)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--prefix-cache-blocks", type=int, default=0,
+                   help="simulate a prefix cache of this many blocks (0: none)")
+    p.add_argument("--block-tokens", type=int, default=16)
+    p.add_argument("--prefill-per-token", type=float, default=0.0,
+                   help="seconds of TTFT per prompt token not in the prefix cache")
     a = p.parse_args()
     spec = UpstreamSpec(ttft=Dist(a.ttft, a.ttft_jitter, a.slow_p, a.slow), tpot=Dist(a.tpot, a.tpot_jitter),
-                        capacity=a.capacity, fail_rate=a.fail_rate, seed=a.seed)
+                        prefill_per_token=a.prefill_per_token,
+                        capacity=a.capacity, fail_rate=a.fail_rate, seed=a.seed,
+                        prefix_cache_blocks=a.prefix_cache_blocks, block_tokens=a.block_tokens)
     uvicorn.run(create_upstream(spec), host=a.host, port=a.port, log_level="warning", access_log=False)
 
 
