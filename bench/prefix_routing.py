@@ -17,7 +17,8 @@ the truth the hit rate is counted on.
 
 `--gateways k` puts k gateway replicas, each with its own pool and index and seeing only
 its own in-flight requests, behind a random load balancer: whether separate indexes
-converge without sharing (issue 25, part 1).
+converge without sharing (issue 25, part 1); with `--shared-index` they share one index
+per replica instead, the best a store-kept index could do.
 
 Deterministic (seeded): a figure of the policies, not a timing.
 Usage: .venv/bin/python bench/prefix_routing.py [--requests 20000] [--gateways 1]
@@ -115,7 +116,7 @@ def vocabulary(rng: random.Random) -> list[str]:
     return [" " + "".join(rng.choice(letters) for _ in range(rng.randint(2, 7))) for _ in range(VOCAB)]
 
 
-def simulate(w: Workload, policy: Policy, gateways: int = 1) -> dict[str, Any]:
+def simulate(w: Workload, policy: Policy, gateways: int = 1, shared: bool = False) -> dict[str, Any]:
     rng = random.Random(w.seed)
     vocab = vocabulary(rng)
     chars_per_token = statistics.fmean(len(v) for v in vocab)
@@ -134,6 +135,9 @@ def simulate(w: Workload, policy: Policy, gateways: int = 1) -> dict[str, Any]:
                                 load_cost_tokens=w.load_cost_tokens)
     views = [[SimReplica(f"r{i}") for i in range(w.replicas)] for _ in range(gateways)]
     pools = [PoolBackend("m", v, placement, cache_blocks=w.cache_blocks) for v in views]
+    if shared:  # what an index kept in the store would give at best (no delay, no cost)
+        for pool in pools[1:]:
+            pool.indexes = pools[0].indexes
     engines = [Engine(PrefixIndex(w.cache_blocks)) for _ in range(w.replicas)]
     arrivals = random.Random(w.seed + 1)
     now = 0.0
@@ -175,7 +179,7 @@ def simulate(w: Workload, policy: Policy, gateways: int = 1) -> dict[str, Any]:
     per_replica = [e.requests for e in engines]
     spread.sort()
     return {
-        "policy": policy, "gateways": gateways, "requests": w.requests,
+        "policy": policy, "gateways": gateways, "shared_index": shared, "requests": w.requests,
         "prefix_hit_rate": round(cached_total / prompt_total, 4),
         "requests_max_over_mean": round(max(per_replica) / statistics.fmean(per_replica), 3),
         "inflight_max_over_mean_p50": round(spread[len(spread) // 2], 3),
@@ -191,6 +195,8 @@ def main() -> None:
     p.add_argument("--gateways", type=int, nargs="*", default=[1])
     p.add_argument("--policies", nargs="*", default=["prefix", "least_loaded", "round_robin"])
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--shared-index", action="store_true",
+                   help="the gateways share one index per replica (as if kept in the store)")
     p.add_argument("--load-bound", type=float, default=1.25)
     p.add_argument("--load-cost-tokens", type=float, default=256.0)
     a = p.parse_args()
@@ -199,7 +205,7 @@ def main() -> None:
     rows = []
     for g in a.gateways:
         for policy in a.policies:
-            row = simulate(w, cast(Policy, policy), g)
+            row = simulate(w, cast(Policy, policy), g, a.shared_index and g > 1)
             rows.append(row)
             print(json.dumps(row), flush=True)
     base = {r["gateways"]: r["prefix_hit_rate"] for r in rows if r["policy"] == "least_loaded"}

@@ -8,7 +8,7 @@ import random
 import pytest
 
 from redline.backends.fake import FakeBackend
-from redline.backends.placement import Weights, load_cap, rank
+from redline.backends.placement import Weights, affinity, load_cap, rank
 from redline.backends.pool import PoolBackend
 from redline.backends.prefix_index import PrefixIndex, prompt_text, text_blocks
 from redline.config import ModelConfig, PlacementConfig
@@ -195,7 +195,32 @@ def test_config_sizes_the_index_like_the_engine_cache() -> None:
         PlacementConfig(load_bound=0.5)
 
 
-def test_a_new_prefix_goes_to_the_emptiest_cache_among_equals() -> None:
-    assert rank("prefix", [0, 0, 0], [0, 0, 0], turn=0, weights=W, sizes=[30, 5, 20])[0] == 1
-    # load still comes first
-    assert rank("prefix", [1, 0, 0], [0, 0, 0], turn=0, weights=W, sizes=[0, 5, 20])[0] == 1
+def test_a_new_prefix_goes_home_by_rendezvous_hashing_within_the_bound() -> None:
+    homes = [affinity(12345, i) for i in range(4)]
+    best = max(range(4), key=lambda i: homes[i])
+    # seen nowhere: its home, whatever the loads (below the bound) and the turn
+    assert all(rank("prefix", [1, 0, 1, 0], [0] * 4, turn=t, weights=W, homes=homes)[0] == best
+               for t in range(4))
+    loads = [0] * 4
+    loads[best] = 5  # above the bound: the next home
+    second = max((i for i in range(4) if i != best), key=lambda i: homes[i])
+    assert rank("prefix", loads, [0] * 4, turn=0, weights=W, homes=homes)[0] == second
+    # seen somewhere: the hit decides, not the home
+    hits = [0] * 4
+    hits[second] = 30
+    assert rank("prefix", [0] * 4, hits, turn=0, weights=W, homes=homes)[0] == second
+
+
+def test_homes_spread_prefixes_evenly() -> None:
+    counts = [0] * 8
+    for anchor in range(4000):
+        counts[max(range(8), key=lambda i: affinity(anchor * 7919, i))] += 1
+    assert min(counts) > 400 and max(counts) < 600  # 500 each, give or take
+
+
+def test_two_gateways_with_their_own_index_place_a_new_prefix_alike() -> None:
+    a, _ = pool_of(4)
+    b, _ = pool_of(4)
+    for t in range(12):
+        req = chat(system_prompt(t), "hello")
+        assert send(a, req) == send(b, chat(system_prompt(t), "other"))

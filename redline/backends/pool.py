@@ -16,12 +16,15 @@ from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Sequence
 
 from redline.backends.base import Backend, BackendInfo
-from redline.backends.placement import Policy, Weights, rank
+from redline.backends.placement import Policy, Weights, affinity, rank
 from redline.backends.prefix_index import PrefixIndex, prompt_text, text_blocks
 from redline.config import PlacementConfig
 from redline.types import Chunk, GenerationRequest
 
 _MEMO = 256  # requests whose block hashes are kept between `rank` and `record`
+# a new prefix's home is hashed from its 4th block (~64 tokens), not its 1st: prompts that
+# open with the same boilerplate ("You are a helpful assistant") still get different homes
+_ANCHOR_BLOCKS = 4
 
 
 class PoolBackend:
@@ -58,15 +61,18 @@ class PoolBackend:
         if not cands:
             return []
         loads = [self.replicas[i].load() for i in cands]
+        homes: list[int] | None = None
         if self.policy == "prefix" and request is not None:
             blocks = self.blocks(request)
             hits = [self.indexes[i].match(blocks) for i in cands]
+            if blocks:
+                anchor = blocks[min(len(blocks), _ANCHOR_BLOCKS) - 1]
+                homes = [affinity(anchor, i) for i in cands]
             policy: Policy = "prefix"
         else:
             hits = [0] * len(cands)
             policy = "least_loaded" if self.policy == "prefix" else self.policy
-        sizes = [len(self.indexes[i]) for i in cands]
-        order = [cands[j] for j in rank(policy, loads, hits, next(self._turn), self.weights, sizes)]
+        order = [cands[j] for j in rank(policy, loads, hits, next(self._turn), self.weights, homes)]
         pinned = self._pinned(request)
         if pinned is not None and pinned in order:  # usable: its session stays there
             order.remove(pinned)
