@@ -86,7 +86,8 @@ async def run(policy: Policy, requests: list[GenerationRequest], concurrency: in
                                       "placement": {"policy": policy}})
     replicas = [Counted(LocalBackend(cfg, models_dir)) for _ in range(cfg.replicas)]
     pool = PoolBackend("m", cast(list[Backend], replicas), cfg.placement, cfg.cache_blocks())
-    router = Router({"m": pool}, "m", RoutingConfig.model_validate({"classifier": "off", "hedge": False}), Metrics())
+    routing = RoutingConfig.model_validate({"classifier": "off", "hedge": False})
+    router = Router({"m": pool}, "m", routing, Metrics())
     await pool.start()
     await router.start()
     ttfts: list[float] = []
