@@ -224,3 +224,19 @@ def test_two_gateways_with_their_own_index_place_a_new_prefix_alike() -> None:
     for t in range(12):
         req = chat(system_prompt(t), "hello")
         assert send(a, req) == send(b, chat(system_prompt(t), "other"))
+
+
+def test_a_local_model_with_replicas_is_a_pool_of_engines(tmp_path: object) -> None:
+    from pathlib import Path
+
+    from redline.api.app import build_backend
+    from redline.backends.local import LocalBackend
+
+    cfg = ModelConfig(name="m", bundled="smollm2-135m-instruct", replicas=3, n_ctx=1024, n_seq_max=4)
+    pool = build_backend(cfg, Path(str(tmp_path)))  # nothing loads before start()
+    assert isinstance(pool, PoolBackend) and len(pool.replicas) == 3
+    assert all(isinstance(r, LocalBackend) for r in pool.replicas)
+    assert len({id(r) for r in pool.replicas}) == 3
+    assert pool.indexes[0].capacity == 1024 * 4 // 16
+    single = build_backend(ModelConfig(name="m", bundled="smollm2-135m-instruct"), Path(str(tmp_path)))
+    assert isinstance(single, LocalBackend)
