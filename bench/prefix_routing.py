@@ -106,7 +106,7 @@ class Engine:
         return len(self.ends)
 
 
-def token_blocks(tokens: array[int], block_tokens: int) -> list[int]:
+def token_blocks(tokens: array[int], block_tokens: int) -> list[bytes]:
     n = len(tokens) // block_tokens
     return chain_hashes(tokens[i * block_tokens:(i + 1) * block_tokens].tobytes() for i in range(n))
 

@@ -55,7 +55,7 @@ class PlacementConfig(_Section):
     block_tokens: int = Field(default=16, ge=1, description="tokens per cached block, as the "
                               "engine caches them (vLLM and SGLang: 16)")
     chars_per_token: float = Field(default=4.0, gt=0, description="the prompt is hashed as "
-                                   "text in blocks of block_tokens x this many characters")
+                                   "UTF-8 text in blocks of block_tokens x this many bytes")
     cache_blocks: int | None = Field(
         default=None, ge=1,
         description="blocks each replica's engine keeps (the index evicts like it); None: "

@@ -188,7 +188,7 @@ def _prompt_tokens(body: dict[str, Any], chat: bool) -> list[str]:
     return str(body.get("prompt") or "").split()
 
 
-def _token_blocks(tokens: list[str], block_tokens: int) -> list[int]:
+def _token_blocks(tokens: list[str], block_tokens: int) -> list[bytes]:
     n = len(tokens) // block_tokens
     return chain_hashes(" ".join(tokens[i * block_tokens:(i + 1) * block_tokens]).encode()
                         for i in range(n))

@@ -42,10 +42,10 @@ def load_cap(loads: Sequence[int], bound: float, floor: int = 1) -> int:
     return max(1, floor, math.ceil(bound * (sum(loads) + 1) / len(loads)))
 
 
-def affinity(anchor: int, replica: int) -> int:
+def affinity(anchor: bytes, replica: int) -> int:
     """Rendezvous (highest random weight) score of `replica` for a prefix whose anchor
     block hashes to `anchor`: splitmix64 of the pair, cheap and well mixed."""
-    z = (anchor ^ (replica + 1) * 0x9E3779B97F4A7C15) & 0xFFFFFFFFFFFFFFFF
+    z = (int.from_bytes(anchor[:8], "little") ^ (replica + 1) * 0x9E3779B97F4A7C15) & 0xFFFFFFFFFFFFFFFF
     z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & 0xFFFFFFFFFFFFFFFF
     z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & 0xFFFFFFFFFFFFFFFF
     return z ^ (z >> 31)

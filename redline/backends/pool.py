@@ -40,14 +40,14 @@ class PoolBackend:
         self.policy: Policy = cfg.policy
         self.weights = Weights(cfg.load_bound, cfg.load_cost_tokens / cfg.block_tokens,
                                cfg.load_floor)
-        self.block_chars = max(1, round(cfg.block_tokens * cfg.chars_per_token))
+        self.block_bytes = max(1, round(cfg.block_tokens * cfg.chars_per_token))
         capacity = cache_blocks if cache_blocks is not None else (cfg.cache_blocks or 16384)
         self.indexes = [PrefixIndex(capacity) for _ in self.replicas]
         self.sessions_on = cfg.sessions
         self.session_capacity = cfg.session_capacity
         self.sessions: OrderedDict[str, int] = OrderedDict()  # key -> replica position
         self._turn = itertools.count()
-        self._memo: OrderedDict[str, list[int]] = OrderedDict()
+        self._memo: OrderedDict[str, list[bytes]] = OrderedDict()
 
     # -- choosing -------------------------------------------------------------------
 
@@ -101,11 +101,11 @@ class PoolBackend:
             while len(self.sessions) > self.session_capacity:
                 self.sessions.popitem(last=False)
 
-    def blocks(self, request: GenerationRequest) -> list[int]:
+    def blocks(self, request: GenerationRequest) -> list[bytes]:
         """The prompt's chained block hashes (kept a while: `rank` and `record` both ask)."""
         got = self._memo.get(request.id)
         if got is None:
-            got = text_blocks(prompt_text(request), self.block_chars)
+            got = text_blocks(prompt_text(request), self.block_bytes)
             self._memo[request.id] = got
             if len(self._memo) > _MEMO:
                 self._memo.popitem(last=False)

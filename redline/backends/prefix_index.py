@@ -8,9 +8,9 @@ prefix up to the end of its block (as vLLM's block hashes do), and keeps per rep
 set of those hashes as large as the engine's cache. The longest run of a new prompt's block
 hashes found in a replica's set is the expected cache hit there.
 
-It is approximate on purpose: blocks are cut from the prompt's text (`chars_per_token`
-characters a token), not from the engine's tokens, so a block boundary can fall inside a
-token; prefixes shared by several prompts still hash the same, which is all the choice needs.
+It is approximate on purpose: blocks are cut from the prompt's UTF-8 text
+(`chars_per_token` bytes a token), not from the engine's tokens, so a block boundary can
+fall inside a token; prefixes shared by several prompts still hash the same, which is all the choice needs.
 
     >>> idx = PrefixIndex(capacity=4)
     >>> idx.add(text_blocks("a" * 200, 64))  # 3 full blocks
@@ -27,22 +27,25 @@ from collections.abc import Iterable, Sequence
 from redline.types import GenerationRequest
 
 
-def chain_hashes(blocks: Iterable[bytes]) -> list[int]:
-    """One 64-bit hash per block, each covering its block and every block before it."""
-    out: list[int] = []
-    prev = b""
+def chain_hashes(blocks: Iterable[bytes]) -> list[bytes]:
+    """One 64-bit hash per block, each covering its block and every block before it: the
+    digest of the whole prefix so far (one running hash, copied at each block's end, is
+    half the cost of hashing each block with the previous digest). Stable across
+    processes, unlike `hash()`."""
+    out: list[bytes] = []
+    h = hashlib.blake2b(digest_size=8)
     for block in blocks:
-        prev = hashlib.blake2b(prev + block, digest_size=8).digest()
-        out.append(int.from_bytes(prev, "little"))
+        h.update(block)
+        out.append(h.copy().digest())
     return out
 
 
-def text_blocks(text: str, block_chars: int) -> list[int]:
-    """Chained hashes of `text`'s full blocks of `block_chars` characters (a partial last
+def text_blocks(text: str, block_bytes: int) -> list[bytes]:
+    """Chained hashes of `text`'s full blocks of `block_bytes` UTF-8 bytes (a partial last
     block is not cached by the engines either)."""
-    n = len(text) // block_chars
-    return chain_hashes(text[i * block_chars:(i + 1) * block_chars].encode("utf-8", "surrogatepass")
-                        for i in range(n))
+    data = text.encode("utf-8", "surrogatepass")
+    return chain_hashes(data[i:i + block_bytes]
+                        for i in range(0, len(data) - block_bytes + 1, block_bytes))
 
 
 def prompt_text(request: GenerationRequest) -> str:
@@ -61,12 +64,12 @@ class PrefixIndex:
         if capacity < 1:
             raise ValueError("a prefix index needs a capacity of at least one block")
         self.capacity = capacity
-        self._blocks: OrderedDict[int, None] = OrderedDict()
+        self._blocks: OrderedDict[bytes, None] = OrderedDict()
 
     def __len__(self) -> int:
         return len(self._blocks)
 
-    def match(self, blocks: Sequence[int]) -> int:
+    def match(self, blocks: Sequence[bytes]) -> int:
         """How many of `blocks`, from the first, are held: the expected hit in blocks."""
         held = self._blocks
         n = 0
@@ -76,7 +79,7 @@ class PrefixIndex:
             n += 1
         return n
 
-    def add(self, blocks: Sequence[int]) -> None:
+    def add(self, blocks: Sequence[bytes]) -> None:
         """The engine computed (or reused) these blocks: they are now its most recent.
         Inserted last block first, so a prefix's first blocks are evicted after its tail
         (vLLM frees a request's blocks in that order, for the same reason: the head is what
