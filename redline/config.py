@@ -45,6 +45,36 @@ REMOTE_CAPABILITIES: frozenset[str] = frozenset(
 LOCAL_CAPABILITIES: frozenset[str] = frozenset(("chat", "completions", "logprobs"))
 
 
+class PlacementConfig(_Section):
+    """How a model with several replicas picks one for a request (backends/pool.py)."""
+
+    policy: Literal["prefix", "least_loaded", "round_robin"] = Field(
+        default="prefix",
+        description="prefix: the replica whose engine probably holds the longest part of the "
+        "prompt, against its load (bounded); least_loaded: fewest requests in flight; "
+        "round_robin: in turn. Each is measured in docs/BENCHMARKS.md (prefix routing)")
+    block_tokens: int = Field(default=16, ge=1, description="tokens per cached block, as the "
+                              "engine caches them (vLLM and SGLang: 16)")
+    chars_per_token: float = Field(default=4.0, gt=0, description="the prompt is hashed as "
+                                   "UTF-8 text in blocks of block_tokens x this many bytes")
+    cache_blocks: int | None = Field(
+        default=None, ge=1,
+        description="blocks each replica's engine keeps (the index evicts like it); None: "
+        "n_ctx x n_seq_max / block_tokens for a local model, 16384 for a remote one")
+    load_bound: float = Field(default=1.25, ge=1.0, description="no replica is given a request "
+                              "that takes it above this multiple of the mean load (bounded load)")
+    load_floor: int = Field(default=2, ge=1, description="a replica below this many requests in "
+                            "flight is never over the bound (at low load a multiple of the mean "
+                            "is < 2)")
+    load_cost_tokens: float = Field(default=256.0, ge=0, description="one request in flight on a "
+                                    "replica weighs as much as this many prompt tokens it must "
+                                    "compute")
+    sessions: bool = Field(default=True, description="a request with a session key (X-Session-ID, "
+                           "else `user`) goes to the replica its session used, while that one "
+                           "is healthy")
+    session_capacity: int = Field(default=100_000, ge=1, description="sessions remembered (LRU)")
+
+
 class ModelConfig(_Section):
     """One model the server offers. `backend: local` runs it in the embedded engine."""
 
@@ -77,9 +107,13 @@ class ModelConfig(_Section):
     # openai: a remote OpenAI-compatible engine
     url: str | None = None
     urls: list[str] = Field(default_factory=list, description="replicas of one model: a pool, "
-                            "least outstanding requests first (with `url`, if set)")
+                            "chosen by `placement` (with `url`, if set)")
     upstream_model: str | None = None
     api_key: str | None = None
+    replicas: int = Field(default=1, ge=1, le=64, description="local: engines of this model in "
+                          "this process, one pool (each with n_threads threads)")
+    placement: PlacementConfig = Field(default_factory=PlacementConfig,
+                                       description="replica choice when there are several")
     connect_timeout_s: float = Field(2.0, gt=0, description="to open a connection upstream")
     ttft_timeout_s: float = Field(30.0, gt=0, description="upstream silent this long before "
                                   "its first token: an error (retried)")
@@ -107,6 +141,15 @@ class ModelConfig(_Section):
 
     def replica_urls(self) -> list[str]:
         return ([self.url] if self.url else []) + [u for u in self.urls if u != self.url]
+
+    def cache_blocks(self) -> int:
+        """Blocks each replica's prefix cache holds, for the pool's index to mirror."""
+        p = self.placement
+        if p.cache_blocks is not None:
+            return p.cache_blocks
+        if self.backend == "local":  # a slot keeps its last sequence's KV (engine/scheduler.py)
+            return max(1, self.n_ctx * self.n_seq_max // p.block_tokens)
+        return 16384
 
 
 def _default_models() -> list[ModelConfig]:

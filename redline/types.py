@@ -175,6 +175,7 @@ class GenerationRequest:
     tenant: str = "anonymous"  # API key scope: caches and limits never cross it
     use_cache: bool = True  # False for `Cache-Control: no-cache` or body "cache": false
     user: str | None = None  # OpenAI's end-user id (A/B assignment is sticky on it)
+    session: str | None = None  # X-Session-ID: its requests stay on one engine replica
     # the client takes a 202 job (tier B) when its tier's first-token budget can't be met
     allow_background: bool = False
     tools: tuple[FunctionTool, ...] = ()

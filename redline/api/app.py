@@ -54,6 +54,12 @@ def build_backend(cfg: ModelConfig, models_dir: Path, arbiter: StepArbiter | Non
     if cfg.backend == "local":
         from redline.backends.local import LocalBackend
 
+        if cfg.replicas > 1:  # several engines of one model in this process: one pool
+            from redline.backends.pool import PoolBackend
+
+            return PoolBackend(cfg.name, [LocalBackend(cfg, models_dir, arbiter)
+                                          for _ in range(cfg.replicas)],
+                               cfg.placement, cfg.cache_blocks())
         return LocalBackend(cfg, models_dir, arbiter)
     if cfg.backend == "openai":
         from redline.backends.openai_compat import from_config

@@ -31,7 +31,7 @@ def _pipeline(request: Request) -> Pipeline:
 
 
 # the request headers the completion routes read
-_READ = (b"x-redline-tier", b"authorization", b"cache-control", b"x-request-id")
+_READ = (b"x-redline-tier", b"authorization", b"cache-control", b"x-request-id", b"x-session-id")
 
 
 def _request_headers(scope: Scope) -> dict[bytes, str]:
@@ -91,6 +91,11 @@ async def _handle(request: Request, body: ChatCompletionRequest | CompletionRequ
         _tier(headers.get(b"x-redline-tier"), body.tier),
         tenant_from(request.scope, headers.get(b"authorization", "")),
         "no-cache" in headers.get(b"cache-control", "").lower())
+    session = headers.get(b"x-session-id")
+    if session:  # replica placement keeps a session on one engine replica (backends/pool.py)
+        if len(session) > 256:
+            raise InvalidRequest("X-Session-ID is longer than 256 characters", param="X-Session-ID")
+        gen.session = session
     capabilities.check(request.app.state.config, gen, AUTO)
     if not jobs_routes.wants_job(body, gen, _pipeline(request)):  # a job is charged as it runs
         await reserve_tokens(request.app.state.limiter, request.scope, gen)

@@ -11,6 +11,13 @@ It answers in OpenAI's exact shapes (fake_answers.py says what): tool calls stre
 as fragments, logprobs, `n` choices, image parts, response formats, and usage (with
 `prompt_tokens_details.cached_tokens` when the spec sets `cached_tokens`).
 
+With `prefix_cache_blocks` it also simulates an engine's prefix cache (vLLM's automatic
+prefix caching): the prompt's words are its tokens, cut in blocks of `block_tokens`, each
+block's hash chained to the ones before; an LRU of that many blocks is what it holds, the
+prompt's longest held run of blocks is its cache hit (reported in `usage` as
+`prompt_tokens_details.cached_tokens`, and summed in `/stats` as `prompt_tokens` and
+`cached_tokens`), and `prefill_per_token` is paid for the other prompt tokens only.
+
     python -m redline.backends.fake_upstream --port 9001 --ttft 0.1 --tpot 0.01 --capacity 8
 """
 
@@ -29,6 +36,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from redline.backends.fake_answers import Answer, embedding_answer, prompt_words
+from redline.backends.prefix_index import PrefixIndex, chain_hashes
 
 
 @dataclass
@@ -57,6 +65,8 @@ class UpstreamSpec:
     max_tokens_cap: int | None = None
     seed: int = 0
     cached_tokens: int | None = None  # reported as usage.prompt_tokens_details.cached_tokens
+    prefix_cache_blocks: int = 0  # 0: no prefix cache simulated
+    block_tokens: int = 16
 
 
 @dataclass
@@ -67,6 +77,8 @@ class Stats:
     cancelled: int = 0
     active: int = 0
     max_active: int = 0
+    prompt_tokens: int = 0
+    cached_tokens: int = 0  # prompt tokens found in the simulated prefix cache
 
 
 def create_upstream(spec: UpstreamSpec, name: str = "fake-upstream") -> Starlette:
@@ -74,6 +86,7 @@ def create_upstream(spec: UpstreamSpec, name: str = "fake-upstream") -> Starlett
     last_body: list[dict[str, Any]] = []
     slots = asyncio.Semaphore(spec.capacity)
     stats = Stats()
+    cache = PrefixIndex(spec.prefix_cache_blocks) if spec.prefix_cache_blocks else None
 
     async def models(_: Request) -> Response:
         return JSONResponse({"object": "list", "data": [{"id": name, "object": "model"}]})
@@ -104,9 +117,16 @@ def create_upstream(spec: UpstreamSpec, name: str = "fake-upstream") -> Starlett
         if spec.max_tokens_cap:
             n = min(n, spec.max_tokens_cap)
         words = prompt_words(body, chat)
-        answer = Answer(body, chat, n, words, spec.cached_tokens,
+        cached = 0
+        if cache is not None:  # the simulated engine's prefix cache
+            blocks = _token_blocks(_prompt_tokens(body, chat), spec.block_tokens)
+            cached = cache.match(blocks) * spec.block_tokens
+            cache.add(blocks)
+        stats.prompt_tokens += words
+        stats.cached_tokens += cached
+        answer = Answer(body, chat, n, words, cached if cache is not None else spec.cached_tokens,
                         f"call_{rng.getrandbits(48):012x}")
-        ttft = spec.ttft.draw(rng) + spec.prefill_per_token * words
+        ttft = spec.ttft.draw(rng) + spec.prefill_per_token * max(0, words - cached)
         tpots = [spec.tpot.draw(rng) for _ in range(max(0, answer.steps - 1))]
         gen = _events(answer, ttft, tpots)
         if not body.get("stream"):
@@ -157,6 +177,19 @@ def create_upstream(spec: UpstreamSpec, name: str = "fake-upstream") -> Starlett
     return app
 
 
+def _prompt_tokens(body: dict[str, Any], chat: bool) -> list[str]:
+    """The prompt's words: its tokens here."""
+    if chat:
+        return " ".join(str(m.get("content") or "") for m in body.get("messages") or []).split()
+    return str(body.get("prompt") or "").split()
+
+
+def _token_blocks(tokens: list[str], block_tokens: int) -> list[bytes]:
+    n = len(tokens) // block_tokens
+    return chain_hashes(" ".join(tokens[i * block_tokens:(i + 1) * block_tokens]).encode()
+                        for i in range(n))
+
+
 def main() -> None:
     import uvicorn
 
@@ -173,9 +206,16 @@ def main() -> None:
     p.add_argument("--capacity", type=int, default=1_000_000)
     p.add_argument("--fail-rate", type=float, default=0.0)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--prefix-cache-blocks", type=int, default=0,
+                   help="simulate a prefix cache of this many blocks (0: none)")
+    p.add_argument("--block-tokens", type=int, default=16)
+    p.add_argument("--prefill-per-token", type=float, default=0.0,
+                   help="seconds of TTFT per prompt token not in the prefix cache")
     a = p.parse_args()
     spec = UpstreamSpec(ttft=Dist(a.ttft, a.ttft_jitter, a.slow_p, a.slow), tpot=Dist(a.tpot, a.tpot_jitter),
-                        capacity=a.capacity, fail_rate=a.fail_rate, seed=a.seed)
+                        prefill_per_token=a.prefill_per_token,
+                        capacity=a.capacity, fail_rate=a.fail_rate, seed=a.seed,
+                        prefix_cache_blocks=a.prefix_cache_blocks, block_tokens=a.block_tokens)
     uvicorn.run(create_upstream(spec), host=a.host, port=a.port, log_level="warning", access_log=False)
 
 

@@ -234,11 +234,13 @@ def _upstream_error(name: str, status: int, raw: bytes) -> Exception:
 
 
 def from_config(cfg: ModelConfig) -> Backend:
-    """One backend per replica url; several form a least-outstanding-requests pool."""
+    """One backend per replica url; several form a pool (placed by `cfg.placement`)."""
     replicas = [OpenAICompatBackend(cfg.name, url, upstream_model=cfg.upstream_model,
                                     api_key=cfg.api_key, context_length=cfg.n_ctx,
                                     size_rank=cfg.size_rank, connect_timeout_s=cfg.connect_timeout_s,
                                     ttft_timeout_s=cfg.ttft_timeout_s,
                                     read_timeout_s=cfg.read_timeout_s)
                 for url in cfg.replica_urls()]
-    return replicas[0] if len(replicas) == 1 else PoolBackend(cfg.name, replicas)
+    if len(replicas) == 1:
+        return replicas[0]
+    return PoolBackend(cfg.name, replicas, cfg.placement, cfg.cache_blocks())

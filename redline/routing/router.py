@@ -232,13 +232,16 @@ class Router:
         rest = _Tail(self, tier, call, request.arrival)
         return Routed(model, tier, call.first, rest, was_hedged, attempts, p.degraded, route_s)
 
-    def _targets(self, order: tuple[str, ...]) -> Iterator[tuple[str, Backend]]:
-        """Attempt targets: each usable replica of each model in order, then round again."""
+    def _targets(self, order: tuple[str, ...],
+                 req: GenerationRequest | None = None) -> Iterator[tuple[str, Backend]]:
+        """Attempt targets: each usable replica of each model in order (a pool's in its
+        placement order for `req`), then round again."""
         while True:
             any_usable = False
             for model in order:
                 backend = self.backends[model]
-                reps = sorted(replicas_of(backend), key=lambda r: r.load())
+                reps = (backend.rank(req, self.usable) if isinstance(backend, PoolBackend)
+                        else replicas_of(backend))
                 usable = [r for r in reps if self.usable(r)]
                 any_usable |= bool(usable)
                 yield from ((model, r) for r in usable)
@@ -249,7 +252,7 @@ class Router:
     async def _first_token(self, req: GenerationRequest, tier: str,
                            order: tuple[str, ...]) -> tuple[str, _Call, bool, int]:
         last: RedlineError | None = None
-        targets = self._targets(order)
+        targets = self._targets(order, req)
         for attempt in range(1, self.cfg.max_attempts + 1):
             if attempt > 1 and not self.retries.take():
                 break
@@ -272,7 +275,9 @@ class Router:
         delay = None
         if self.slo and self.cfg.hedge and tier == "S" and isinstance(backend, PoolBackend):
             delay = self.estimates.of(replica).p90_ttft()
-            partner = backend.pick(exclude=[replica], usable=self.usable)
+            partner = backend.pick(exclude=[replica], usable=self.usable, request=req)
+        if isinstance(backend, PoolBackend):  # what its prefix index learns from
+            backend.record(replica, req)
         if partner is None or delay is None:
             return (await self._open(replica, req)).value, False
         self.hedges.deposit()
@@ -282,6 +287,8 @@ class Router:
             return await self._open(replica, req)
 
         async def other() -> Opened[_Call]:
+            if isinstance(backend, PoolBackend):
+                backend.record(second, req)
             return await self._open(second, req)
 
         won, sent = await hedged(first, other, max(delay, self.cfg.hedge_min_delay_s),
