@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from redline.backends.base import Backend
 from redline.cache import CachedAnswer, Lookup, ResponseCache
+from redline.closing import aclose
 from redline.config import RoutingConfig
 from redline.errors import ModelNotFound, RedlineError
 from redline.routing.router import Router, WouldMiss
@@ -190,7 +191,7 @@ class Pipeline:
             status = "499"  # the client went away
             raise
         finally:
-            await _aclose(rest)
+            await aclose(rest)
             self.metrics.inflight.dec()
             e2e = time.perf_counter() - req.arrival
             completion.timings.seconds["total"] = e2e
@@ -212,15 +213,6 @@ class Pipeline:
                     observer.on_finish(completion)
                 except Exception:  # an observer must never break a response
                     log.exception("observer %r failed", observer)
-
-
-async def _aclose(it: AsyncIterator[Chunk]) -> None:
-    close = getattr(it, "aclose", None)
-    if close is not None:
-        try:
-            await close()
-        except RuntimeError:  # already running in another task; it will stop itself
-            pass
 
 
 async def _iterate(chunks: list[Chunk]) -> AsyncIterator[Chunk]:

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 from redline.backends.base import Backend
 from redline.backends.pool import PoolBackend, replicas_of
+from redline.closing import aclose
 from redline.config import RoutingConfig
 from redline.errors import BackendError, InvalidRequest, ModelNotFound, RedlineError
 from redline.routing.admission import Admission
@@ -276,14 +277,14 @@ class Router:
                 if first.finish_reason == "error":
                     raise BackendError(f"{self.label(replica)}: {first.error or 'failed'}")
         except BaseException:
-            await _aclose(it)
+            await aclose(it)
             raise
         t_first = time.perf_counter()
         # learnt after this step, which writes the first token to the client: the
         # estimate's update (a least-squares solve) is not on that token's path
         asyncio.get_running_loop().call_soon(
             self.estimates.of(replica).observe_ttft, t_first - t0, load, _prompt_tokens(req))
-        return Opened(_Call(replica, first, it, t_first), lambda: _aclose(it))
+        return Opened(_Call(replica, first, it, t_first), lambda: aclose(it))
 
     def finish(self, tier: str, call: _Call, arrival: float, tokens: int, ok: bool) -> None:
         if self.slo:
@@ -335,18 +336,9 @@ class _Tail:
             return
         self.closed = True
         try:
-            await _aclose(self.call.rest)
+            await aclose(self.call.rest)
         finally:
             self.router.finish(self.tier, self.call, self.arrival, self.tokens, self.ok)
-
-
-async def _aclose(it: AsyncIterator[Chunk]) -> None:
-    close = getattr(it, "aclose", None)
-    if close is not None:
-        try:
-            await close()
-        except RuntimeError:  # running in another task; it stops on its own
-            pass
 
 
 def _last_user_text(request: GenerationRequest) -> str:

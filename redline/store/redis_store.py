@@ -3,14 +3,14 @@
 Each protocol method is one round trip; the ones that set a TTL alongside a write use a
 MULTI/EXEC pipeline so the TTL can never be lost between two commands. Connection and
 timeout failures become `StoreUnavailable`, so callers can fail open; after one, a
-breaker answers `StoreUnavailable` at once for `BREAKER_S` instead of trying Redis on
-every call (a dead or unreachable Redis would otherwise cost each request a connect).
+breaker (redline/breaker.py) answers `StoreUnavailable` at once for `BREAKER_S`, then lets
+one call at a time try Redis, instead of trying it on every call (a dead or unreachable
+Redis would otherwise cost each request a connect).
 """
 
 from __future__ import annotations
 
 import inspect
-import time
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
@@ -19,6 +19,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from redline.breaker import CircuitBreaker
 from redline.store.base import StoreUnavailable
 
 T = TypeVar("T")
@@ -36,24 +37,31 @@ class RedisStore:
         # URL query parameters (e.g. ?socket_timeout=5) win over these defaults
         self._r = aioredis.Redis.from_url(url, socket_connect_timeout=2.0, socket_timeout=2.0,
                                           health_check_interval=30)
-        self.open_until = 0.0  # the breaker: fail fast until then
+        # one failed connection opens it: a dead Redis fails each call fast after that
+        self.breaker = CircuitBreaker(threshold=1, ttl_s=BREAKER_S)
 
     @property
     def available(self) -> bool:
-        return time.monotonic() >= self.open_until
+        return not self.breaker.is_open
 
     async def _call(self, aw: Awaitable[T]) -> T:
-        if not self.available:
+        if not self.breaker.acquire():
             if inspect.iscoroutine(aw):
                 aw.close()
             raise StoreUnavailable("redis store: unavailable (breaker open)")
         try:
-            return await aw
+            result = await aw
         except (RedisConnectionError, RedisTimeoutError) as exc:
-            self.open_until = time.monotonic() + BREAKER_S
+            self.breaker.failure()
             raise StoreUnavailable(f"redis store: {type(exc).__name__}: {exc}") from exc
-        except RedisError as exc:
+        except RedisError as exc:  # Redis answered (a command error): it is up
+            self.breaker.success()
             raise StoreUnavailable(f"redis store: {type(exc).__name__}: {exc}") from exc
+        except BaseException:  # cancelled: proved nothing
+            self.breaker.release()
+            raise
+        self.breaker.success()
+        return result
 
     async def _tx(self, build: Callable[[Any], object]) -> list[Any]:
         """Run the commands that `build` queues on a MULTI/EXEC pipeline."""
