@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -129,3 +130,24 @@ class Chunk:
     usage: Usage | None = None
     timings: StageTimings | None = None
     error: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Finished:
+    """A request that has ended, as every pipeline observer receives it (the cache that
+    stores the answer, the stream-length history, the long-tail log, live stats, the A/B
+    recorder, the token limiter). Frozen: one observer cannot change what the next sees."""
+
+    request: GenerationRequest
+    model: str  # the model that answered
+    tier: str
+    cache: str  # "miss", "hit", "semantic", "bypass", ...
+    status: str  # "200", "499" (the client left), "500"
+    finish_reason: str | None
+    output_tokens: int
+    ttft_s: float | None
+    total_s: float
+    usage: Usage | None
+    text: str  # the whole answer
+    timings: Mapping[str, float]  # stage -> seconds, "total" included
+    arm: str | None = None  # "experiment:arm" when an A/B experiment enrolled it

@@ -23,7 +23,7 @@ LAYERS: list[set[str]] = [
     {"pipeline"},
     {"jobs"},
     {"api"},
-    {"cli", "bench", "client", "__main__"},
+    {"cli", "bench", "client", "tuning", "__main__"},
 ]
 LAYER = {name: i for i, names in enumerate(LAYERS) for name in names}
 

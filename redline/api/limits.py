@@ -34,6 +34,7 @@ from redline.api.middleware import send_error
 from redline.breaker import CircuitBreaker
 from redline.config import ApiKey, LimitsConfig
 from redline.errors import RateLimited
+from redline.types import Finished
 
 log = logging.getLogger(__name__)
 
@@ -173,7 +174,7 @@ class TenantLimiter:
         self._settle(counters, None)
 
     # -- a pipeline observer: charge each finished completion's tokens -----------------
-    def on_finish(self, completion: Any) -> None:
+    def on_finish(self, completion: Finished) -> None:
         usage = completion.usage
         tokens = usage.total_tokens if usage is not None else completion.output_tokens
         task = asyncio.get_running_loop().create_task(self.charge(completion.request.tenant, tokens))
@@ -217,9 +218,9 @@ class RateLimit:
         if scope["type"] != "http" or not self.applies(scope):
             await self.app(scope, receive, send)
             return
-        send = await self.admit(scope, send)
-        if send is not None:
-            await self.app(scope, receive, send)
+        limited = await self.admit(scope, send)
+        if limited is not None:
+            await self.app(scope, receive, limited)
 
     async def admit(self, scope: Scope, send: Send) -> Send | None:
         """Charge the scope's tenant one request: None where it is over its quota (the

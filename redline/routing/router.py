@@ -1,12 +1,16 @@
 """The router: from a request to a first token, on the model and replica that can meet
 the request's tier budget.
 
-    decide (tier, candidate models) → admit → plan (predicted TTFT/total per model)
-    → open on a replica (hedged for tier S) → on an error before the first token,
-      retry within the retry budget on another replica, then down the fallback chain
+    plan(request): decide (tier, candidate models) → predict TTFT/total per model
+                   → a RoutePlan (model order, predictions, or "would miss")
+    open(plan):    admit → open on a replica (hedged for tier S) → on an error before
+                   the first token, retry within the retry budget on another replica,
+                   then down the fallback chain
 
-`open()` returns once the first chunk is there; the rest of the stream is observed to
-keep the live estimates and the SLO-violation counter honest.
+The caller sees the plan before anything is sent (the api prepares a stream's parts
+from it, or turns a plan that would miss its tier's budget into a job): no callback up,
+no exception as a routing decision. `open()` returns once the first chunk is there; the
+rest of the stream is observed to keep the live estimates honest.
 """
 
 from __future__ import annotations
@@ -16,36 +20,46 @@ import dataclasses
 import logging
 import re
 import time
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from collections.abc import AsyncIterator, Iterator, Mapping
 from dataclasses import dataclass
 
 from redline.backends.base import Backend
 from redline.backends.pool import PoolBackend, replicas_of
 from redline.closing import aclose
 from redline.config import RoutingConfig
-from redline.errors import BackendError, InvalidRequest, ModelNotFound, RedlineError
+from redline.errors import BackendError, InvalidRequest, RedlineError
 from redline.routing.admission import Admission
 from redline.routing.breaker import Breakers
 from redline.routing.budget import RatioBudget
 from redline.routing.classifier import Classifier, Decision
 from redline.routing.estimates import Estimates, Prediction
 from redline.routing.hedge import Opened, hedged
+from redline.routing.names import AUTO, check_model, resolve_model
 from redline.routing.planner import Plan, plan
 from redline.telemetry.metrics import Metrics
 from redline.types import Chunk, GenerationRequest
 
 log = logging.getLogger(__name__)
 
-AUTO = "auto"
 
 
-class WouldMiss(Exception):
-    """No model is predicted to give this request its first token within its tier's
-    budget, and the client allows a background job instead (`allow_background`)."""
+@dataclass(frozen=True)
+class RoutePlan:
+    """Where a request will go, decided before anything is sent."""
 
-    def __init__(self, tier: str, predicted_ttft_s: float) -> None:
-        super().__init__(f"tier {tier}: predicted TTFT {predicted_ttft_s:.2f} s is over budget")
-        self.tier, self.predicted_ttft_s = tier, predicted_ttft_s
+    request: GenerationRequest  # as it will be sent (max_tokens shortened by the planner)
+    tier: str
+    order: tuple[str, ...]  # models to try, best first
+    predicted: Prediction | None  # the first model's predicted TTFT/total (slo mode)
+    degraded: bool  # no model is predicted to meet the tier's budget
+    # ... and the client allows a background job instead (`allow_background`): the
+    # caller answers with a job rather than open() a late first token
+    would_miss: bool
+    route_s: float  # deciding and planning
+
+    @property
+    def model(self) -> str:
+        return self.order[0]
 
 
 @dataclass
@@ -82,9 +96,9 @@ class Router:
         self.breakers = Breakers(config.breaker_threshold, config.breaker_ttl_s,
                                  on_change=lambda name, opened: metrics.backend_up.labels(name).set(
                                      0 if opened else 1))
+        shed_at: dict[str, float] = {t: share for t, share in config.shed_at.items()}
         self.admission = Admission(config.max_inflight,
-                                   {t: b.max_inflight for t, b in config.tiers.items()},
-                                   config.shed_at)
+                                   {t: b.max_inflight for t, b in config.tiers.items()}, shed_at)
         self.retries = RatioBudget(config.retry_budget, burst=20.0, initial=10.0)
         self.hedges = RatioBudget(config.hedge_budget, burst=3.0, initial=1.0)
         self.classifier = classifier
@@ -107,10 +121,9 @@ class Router:
     def decide(self, request: GenerationRequest) -> tuple[str, list[str], Decision | None]:
         """The tier to serve and the candidate models, best first."""
         name = request.model
-        if name != AUTO and name not in self.backends:
-            raise ModelNotFound(f"The model `{name}` does not exist.", param="model")
+        check_model(name, self.backends)
         if not self.slo:  # FCFS, no tiers: the named (or default) model, its fallbacks
-            model = self.default_model if name == AUTO else name
+            model = resolve_model(name, self.backends, self.default_model)
             return request.tier or "S", self._chain(model), None
         text = _last_user_text(request)
         rule = next((r for rx, r in self._rules if rx.search(text)), None)
@@ -171,42 +184,49 @@ class Router:
 
     # -- serving --------------------------------------------------------------------
 
-    async def open(self, request: GenerationRequest,
-                   on_routed: Callable[[str, str], None] | None = None) -> Routed:
-        """Route `request` and return at its first chunk. `on_routed(model, tier)` is
-        called with the first choice from the event loop, after this task has sent the
-        request upstream and waits: the caller's preparations (a stream's prediction,
-        its chunk template) are then not on the first token's path. The model that
-        answers may still differ (a retry, a fallback, a hedge)."""
+    def resolve(self, name: str) -> str:
+        """The served model `name` stands for before routing (`auto`: the default);
+        ModelNotFound for one not served."""
+        return resolve_model(name, self.backends, self.default_model)
+
+    def plan(self, request: GenerationRequest) -> RoutePlan:
+        """Decide the tier and the models to try, and predict whether they meet the
+        tier's budget. Nothing is sent, nothing is admitted."""
         t0 = time.perf_counter()
         tier, candidates, _ = self.decide(request)
+        p = self._plan(tier, candidates, request)
+        would_miss = False
+        if p.degraded and p.predicted is not None:
+            budget = self.cfg.tiers[tier]  # type: ignore[index]
+            late = budget.ttft_s is not None and p.predicted.ttft_s > budget.ttft_s
+            would_miss = late and request.allow_background and tier != "B"
+            how = ("background" if would_miss
+                   else "shorten" if p.max_tokens is not None else "fastest")
+            self.metrics.degradations.labels(tier, how).inc()
+        req = request
+        if p.max_tokens is not None and not would_miss:
+            req = dataclasses.replace(request, sampling=dataclasses.replace(
+                request.sampling, max_tokens=p.max_tokens))
+        return RoutePlan(req, tier, p.order, p.predicted, p.degraded, would_miss,
+                         time.perf_counter() - t0)
+
+    async def open(self, plan: RoutePlan) -> Routed:
+        """Serve `plan` and return at its first chunk. The model that answers may differ
+        from the plan's first (a retry, a fallback, a hedge)."""
+        tier = plan.tier
         if self.slo:
             self.admission.admit(tier)
         try:
             self.retries.deposit()
-            p = self._plan(tier, candidates, request)
-            if p.degraded and p.predicted is not None:
-                budget = self.cfg.tiers[tier]  # type: ignore[index]
-                late = budget.ttft_s is not None and p.predicted.ttft_s > budget.ttft_s
-                if late and request.allow_background and tier != "B":
-                    self.metrics.degradations.labels(tier, "background").inc()
-                    raise WouldMiss(tier, p.predicted.ttft_s)
-                self.metrics.degradations.labels(
-                    tier, "shorten" if p.max_tokens is not None else "fastest").inc()
-            route_s = time.perf_counter() - t0
-            if on_routed is not None:
-                asyncio.get_running_loop().call_soon(on_routed, p.order[0], tier)
-            req = request
-            if p.max_tokens is not None:
-                req = dataclasses.replace(request, sampling=dataclasses.replace(
-                    request.sampling, max_tokens=p.max_tokens))
-            model, call, was_hedged, attempts = await self._first_token(req, tier, p.order)
+            model, call, was_hedged, attempts = await self._first_token(plan.request, tier,
+                                                                        plan.order)
         except BaseException:
             if self.slo:
                 self.admission.release(tier)
             raise
-        rest = _Tail(self, tier, call, request.arrival)
-        return Routed(model, tier, call.first, rest, was_hedged, attempts, p.degraded, route_s)
+        rest = _Tail(self, tier, call, plan.request.arrival)
+        return Routed(model, tier, call.first, rest, was_hedged, attempts, plan.degraded,
+                      plan.route_s)
 
     def _targets(self, order: tuple[str, ...]) -> Iterator[tuple[str, Backend]]:
         """Attempt targets: each usable replica of each model in order, then round again."""

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import redis.asyncio as aioredis
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -70,7 +70,8 @@ class RedisStore:
         return await self._call(pipe.execute())
 
     async def get(self, key: str) -> bytes | None:
-        return await self._call(self._r.get(key))  # type: ignore[no-any-return]
+        value = await self._call(self._r.get(key))
+        return value.encode() if isinstance(value, str) else value  # bytes: no decode_responses
 
     async def set(self, key: str, value: bytes, ttl: float | None = None) -> None:
         await self._call(self._r.set(key, value, px=None if ttl is None else _ms(ttl)))
@@ -90,7 +91,7 @@ class RedisStore:
 
     async def extend(self, key: str, values: list[bytes], ttl: float | None = None) -> int:
         if ttl is None:
-            return int(await self._call(self._r.rpush(key, *values)))  # type: ignore[misc]
+            return int(await self._call(self._r.rpush(key, *values)))
         out = await self._tx(lambda p: p.rpush(key, *values).pexpire(key, _ms(ttl)))
         return int(out[0])
 
@@ -107,23 +108,25 @@ class RedisStore:
             await self._tx(build)
 
     async def range(self, key: str, start: int = 0) -> list[bytes]:
-        return list(await self._call(self._r.lrange(key, max(start, 0), -1)))  # type: ignore[arg-type]
+        # no decode_responses: every reply is bytes (redis-py types them bytes | str)
+        replies = cast("Awaitable[list[bytes]]", self._r.lrange(key, max(start, 0), -1))
+        return list(await self._call(replies))
 
     async def hset(self, key: str, field: str, value: bytes, ttl: float | None = None) -> None:
         if ttl is None:
-            await self._call(self._r.hset(key, field, value))  # type: ignore[arg-type]
+            await self._call(self._r.hset(key, field, value))
         else:
             await self._tx(lambda p: p.hset(key, field, value).pexpire(key, _ms(ttl)))
 
     async def hgetall(self, key: str) -> dict[str, bytes]:
-        raw = await self._call(self._r.hgetall(key))  # type: ignore[arg-type]
+        raw = await self._call(cast("Awaitable[dict[bytes, bytes]]", self._r.hgetall(key)))
         return {k.decode(): v for k, v in raw.items()}
 
     async def hdel(self, key: str, field: str) -> None:
-        await self._call(self._r.hdel(key, field))  # type: ignore[arg-type]
+        await self._call(self._r.hdel(key, field))
 
     async def ping(self) -> bool:
-        return bool(await self._call(self._r.ping()))  # type: ignore[arg-type]
+        return bool(await self._call(self._r.ping()))
 
     async def close(self) -> None:
         await self._r.aclose()
