@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from redline.backends.base import Backend
 from redline.backends.pool import PoolBackend, replicas_of
 from redline.closing import aclose
-from redline.config import RoutingConfig
+from redline.config import RoutingConfig, TierBudget
 from redline.errors import BackendError, InvalidRequest, RedlineError
 from redline.routing.admission import Admission
 from redline.routing.breaker import Breakers
@@ -97,6 +97,8 @@ class Router:
                                  on_change=lambda name, opened: metrics.backend_up.labels(name).set(
                                      0 if opened else 1))
         shed_at: dict[str, float] = {t: share for t, share in config.shed_at.items()}
+        # by tier name as requests carry it (the config's keys are the Literal S/A/B)
+        self._budgets: dict[str, TierBudget] = {t: b for t, b in config.tiers.items()}
         self.admission = Admission(config.max_inflight,
                                    {t: b.max_inflight for t, b in config.tiers.items()}, shed_at)
         self.retries = RatioBudget(config.retry_budget, burst=20.0, initial=10.0)
@@ -178,7 +180,7 @@ class Router:
         def tpot_of(model: str) -> float:
             return min(self.estimates.of(r).tpot_s for r in replicas_of(self.backends[model]))
 
-        return plan(tier, self.cfg.tiers[tier], candidates,  # type: ignore[index]
+        return plan(tier, self._budgets[tier], candidates,
                     lambda m: self.predict(m, n_prompt, max_tokens), max_tokens, tpot_of,
                     self.cfg.shorten)
 
@@ -197,7 +199,7 @@ class Router:
         p = self._plan(tier, candidates, request)
         would_miss = False
         if p.degraded and p.predicted is not None:
-            budget = self.cfg.tiers[tier]  # type: ignore[index]
+            budget = self._budgets[tier]
             late = budget.ttft_s is not None and p.predicted.ttft_s > budget.ttft_s
             would_miss = late and request.allow_background and tier != "B"
             how = ("background" if would_miss
