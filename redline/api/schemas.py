@@ -8,6 +8,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from redline.errors import InvalidRequest
+from redline.routing.names import parse_tier
 from redline.types import GenerationRequest, Message, SamplingParams
 
 DEFAULT_MAX_TOKENS = 256
@@ -131,4 +132,4 @@ class CompletionRequest(_SamplingFields):
 
 
 def _tier(value: str | None) -> Any:
-    return None if value in (None, "auto") else value
+    return parse_tier(value)  # routing/names.py: the one tier parser
