@@ -1,5 +1,5 @@
 # make serve  — fresh machine → running server on 127.0.0.1:8000 (embedded default)
-# make test   — fresh machine → every test, slow ones included
+# make test   — fresh machine → lint, strict types, every test (slow ones included) with coverage
 SHELL := /bin/bash
 PYTHON ?= python3
 VENV := .venv
@@ -11,7 +11,7 @@ export CMAKE_BUILD_PARALLEL_LEVEL ?= 2
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: install serve test test-fast bench lint system-deps clean
+.PHONY: install serve test test-fast bench lint typecheck system-deps clean
 
 install: $(STAMP)
 
@@ -38,8 +38,11 @@ system-deps:
 serve: install
 	$(VENV)/bin/redline serve $(if $(CONFIG),--config $(CONFIG))
 
-test: install system-deps
-	$(PY) -m pytest -q -rs
+# the strict tools first (seconds), then the tests with a coverage report (term + coverage.xml;
+# what runs in the servers the tests start as subprocesses is not counted)
+test: install system-deps lint typecheck
+	$(PY) -m pytest -q -rs \
+	  --cov=redline --cov-report=term:skip-covered --cov-report=xml
 
 test-fast: install
 	$(PY) -m pytest -q -m "not slow"
@@ -49,6 +52,10 @@ bench: install
 
 lint: install
 	$(VENV)/bin/ruff check redline tests
+
+# mypy --strict on redline/ (config: [tool.mypy] in pyproject.toml)
+typecheck: install
+	$(VENV)/bin/mypy
 
 clean:
 	rm -rf $(VENV) .redline

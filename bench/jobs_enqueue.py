@@ -27,10 +27,11 @@ sys.path.insert(0, str(ROOT / "tests"))
 from jobs_support import redis_server, start_upstream, upstream_config  # noqa: E402
 
 from redline.backends.fake import FakeBackend  # noqa: E402
-from redline.config import load_config  # noqa: E402
+from redline.config import RoutingConfig, load_config  # noqa: E402
 from redline.jobs.service import JobService  # noqa: E402
 from redline.jobs.spec import JobSpec  # noqa: E402
 from redline.pipeline import Pipeline  # noqa: E402
+from redline.routing.router import Router  # noqa: E402
 from redline.telemetry.metrics import Metrics  # noqa: E402
 from redline.types import GenerationRequest, Message, SamplingParams  # noqa: E402
 
@@ -48,7 +49,7 @@ def line(name: str, xs: list[float]) -> str:
 async def in_process(data: Path, n: int, store_url: str | None) -> tuple[list[float], list[float]]:
     cfg = load_config(server={"data_dir": str(data)}).jobs
     metrics = Metrics()
-    pipeline = Pipeline({"fake": FakeBackend()}, "fake", metrics)
+    pipeline = Pipeline(Router({"fake": FakeBackend()}, "fake", RoutingConfig(), metrics), metrics)
     svc = JobService(cfg, data, store_url, pipeline, metrics.jobs, lambda u, b: None)  # type: ignore[arg-type,return-value]
     spec = JobSpec.of("chat", GenerationRequest(model="fake", sampling=SamplingParams(max_tokens=8),
                                                 messages=(Message("user", "report"),)))

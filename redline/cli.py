@@ -31,8 +31,11 @@ def _serve_args(p: argparse.ArgumentParser) -> None:
 
 @command("serve", "run the server")(_serve_args)
 def serve(args: argparse.Namespace) -> int:
+    import asyncio
+
     from redline.api.app import create_app
-    from redline.api.server import run
+    from redline.api.server import build
+    from redline.tuning import tune_collector_when, tune_threads
 
     overrides = {}
     cfg = load_config(args.config)
@@ -43,9 +46,21 @@ def serve(args: argparse.Namespace) -> int:
         cfg = cfg.model_copy(update=overrides)
     logging.basicConfig(level=cfg.server.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    tune_threads(cfg)  # this process's BLAS threads, before anything loads BLAS
     app = create_app(cfg)
     # header/body timeouts, connection cap, drain on SIGTERM (cfg.limits)
-    run(app, cfg.server.host, cfg.server.port, cfg.limits, cfg.server.log_level)
+    http = build(app, cfg.server.host, cfg.server.port, cfg.limits, cfg.server.log_level)
+
+    async def main() -> None:
+        # the collector, once the models are loaded (redline/tuning.py)
+        tuner = asyncio.create_task(tune_collector_when(app.state.services.started))
+        try:
+            await http.serve()
+        finally:
+            tuner.cancel()
+
+    with asyncio.Runner(loop_factory=http.config.get_loop_factory()) as runner:
+        runner.run(main())
     return 0
 
 
@@ -73,9 +88,11 @@ def worker(args: argparse.Namespace) -> int:
     import signal
 
     from redline.api.app import create_app
+    from redline.tuning import tune_threads
 
     cfg = load_config(args.config)
     cfg = cfg.model_copy(update={"jobs": cfg.jobs.model_copy(update={"worker_in_server": True})})
+    tune_threads(cfg)
     logging.basicConfig(level=cfg.server.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     # the same app as `serve` (pipeline, cache, routing), run for its lifespan only

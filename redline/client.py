@@ -107,9 +107,11 @@ class _Retries:
         if position.stream_id is None or self.left <= 0:
             if error is not None:
                 raise error
+            # openai types `request` as the httpx it bundles (httpx2 in openai 3.x); it only
+            # keeps it for the caller to read, and any httpx's Request reads the same
+            request: Any = httpx.Request("GET", "/v1/streams")
             raise openai.APIConnectionError(
-                message="the stream broke and could not be resumed",
-                request=httpx.Request("GET", "/v1/streams"))
+                message="the stream broke and could not be resumed", request=request)
         self.left -= 1
         self.idle = self.idle + 1 if position.seq == self.seq else 0
         self.seq = position.seq

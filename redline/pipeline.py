@@ -1,9 +1,13 @@
 """The way of one request, assembled in one place:
 
-    resolve model → backend.stream() → measured chunks
+    prepare(request): A/B arm → cache lookup → router.plan   (nothing sent yet)
+    open(prepared):   the cached answer, or router.open(plan) → measured chunks
+    every completion's end → a `Finished` record (types.py) → each observer
 
-`Pipeline.complete()` returns once the first chunk is there (so that errors found
-before generation become proper HTTP errors), with the rest as an async iterator.
+The caller sees the prepared request between the two steps (its model, its tier, a plan
+that would miss its budget) and makes what it needs from it; nothing calls back up.
+`open()` returns once the first chunk is there (so that errors found before generation
+become proper HTTP errors), with the rest as an async iterator.
 """
 
 from __future__ import annotations
@@ -11,24 +15,22 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Protocol
 
-from redline.backends.base import Backend
 from redline.cache import CachedAnswer, Lookup, ResponseCache
-from redline.config import RoutingConfig
-from redline.errors import ModelNotFound, RedlineError
-from redline.routing.router import Router, WouldMiss
+from redline.closing import aclose
+from redline.errors import RedlineError
+from redline.routing.router import RoutePlan, Router
 from redline.telemetry.metrics import Metrics
-from redline.types import Chunk, GenerationRequest, StageTimings, Usage
+from redline.types import Chunk, Finished, GenerationRequest, StageTimings, Usage
 
 if TYPE_CHECKING:
     from redline.experiments import Experiments
 
 log = logging.getLogger(__name__)
-
-AUTO = "auto"
 
 
 @dataclass
@@ -50,23 +52,53 @@ class Completion:
     arm: str | None = None  # "experiment:arm" when an A/B experiment enrolled the request
 
 
+@dataclass(frozen=True)
+class Prepared:
+    """A request ready to open: its A/B arm, its cache lookup, and where it will go."""
+
+    request: GenerationRequest
+    arm: str | None
+    lookup: Lookup | None  # None: no cache
+    plan: RoutePlan | None  # None: answered from the cache
+
+    @property
+    def model(self) -> str:
+        if self.plan is None:
+            assert self.lookup is not None and self.lookup.answer is not None
+            return self.lookup.answer.model
+        return self.plan.model
+
+    @property
+    def tier(self) -> str:
+        return (self.request.tier or "S") if self.plan is None else self.plan.tier
+
+    @property
+    def would_miss(self) -> bool:
+        """No model is predicted to meet the tier's first-token budget and the client
+        allows a job instead: the caller answers with one rather than open() it."""
+        return self.plan is not None and self.plan.would_miss
+
+
 class Observer(Protocol):
     """Told about every completion that ended (cache store, long-tail log, experiments)."""
 
-    def on_finish(self, completion: Completion) -> None: ...
+    def on_finish(self, done: Finished) -> None: ...
 
 
 class Pipeline:
-    def __init__(self, backends: Mapping[str, Backend], default_model: str, metrics: Metrics,
-                 router: Router | None = None) -> None:
-        self.backends = dict(backends)
-        self.default_model = default_model
+    def __init__(self, router: Router, metrics: Metrics, cache: ResponseCache | None = None,
+                 experiments: Experiments | None = None,
+                 observers: Sequence[Observer] = ()) -> None:
+        """Built whole, once (api/services.py): `router` (tiers, model choice, planner,
+        hedging, retries, breakers, admission), `cache` looked up before routing,
+        `experiments` assigning A/B arms first, `observers` told of every end."""
+        self.router = router
+        self.backends = router.backends
+        self.default_model = router.default_model
         self.metrics = metrics
-        # tiers, model choice, planner, hedging, retries, breakers, admission (routing/)
-        self.router = router or Router(self.backends, default_model, RoutingConfig(), metrics)
-        self.observers: list[Observer] = []
-        self.cache: ResponseCache | None = None  # set by create_app; looked up before routing
-        self.experiments: Experiments | None = None  # set by create_app; assigns A/B arms first
+        self.cache = cache
+        self.experiments = experiments
+        self.observers: tuple[Observer, ...] = tuple(observers)
         self.ready = False
         # labelled metric children, looked up once: prometheus_client's labels() costs more
         # than the observation (ten of them a request)
@@ -96,59 +128,59 @@ class Pipeline:
         return list(self.backends)
 
     def resolve(self, name: str) -> str:
-        if name == AUTO:
-            return self.default_model
-        if name not in self.backends:
-            raise ModelNotFound(f"The model `{name}` does not exist.", param="model")
-        return name
+        return self.router.resolve(name)
 
-    async def complete(self, request: GenerationRequest,
-                       on_routed: Callable[[str, str], None] | None = None) -> Completion:
-        """`on_routed(model, tier)`: called while the first token is awaited (see
-        Router.open), for work that would otherwise follow it."""
-        # the arm first: it may rewrite the model or sampling that everything after sees
+    async def prepare(self, request: GenerationRequest) -> Prepared:
+        """The A/B arm (it may rewrite the model or sampling that everything after sees),
+        the cache lookup, and the route plan. An unknown model is a 404 here."""
         assigned = self.experiments.assign(request) if self.experiments is not None else None
-        completion = await self._complete(request, on_routed)
-        completion.arm = assigned.label if assigned is not None else None
-        return completion
-
-    async def _complete(self, request: GenerationRequest,
-                        on_routed: Callable[[str, str], None] | None = None) -> Completion:
-        cached = None
+        arm = assigned.label if assigned is not None else None
+        lookup = None
         if self.cache is not None:
             self.resolve(request.model)  # an unknown model is a 404, not a cache miss
-            cached = await self.cache.lookup(request)
-            if cached.answer is not None:
-                return self._replay(request, cached, cached.answer)
+            lookup = await self.cache.lookup(request)
+            if lookup.answer is not None:
+                return Prepared(request, arm, lookup, None)
+        return Prepared(request, arm, lookup, self.router.plan(request))
+
+    async def complete(self, request: GenerationRequest) -> Completion:
+        """prepare() then open(): for callers that have nothing to do between them
+        (jobs); a plan that would miss is served anyway, degraded."""
+        return await self.open(await self.prepare(request))
+
+    async def open(self, prepared: Prepared) -> Completion:
+        """Serve a prepared request; returns at its first chunk."""
+        lookup = prepared.lookup
+        if prepared.plan is None:
+            assert lookup is not None and lookup.answer is not None
+            return self._replay(prepared, lookup, lookup.answer)
         self.metrics.inflight.inc()
         try:
-            routed = await self.router.open(request, on_routed)  # returns at the first chunk
+            routed = await self.router.open(prepared.plan)  # returns at the first chunk
         except RedlineError as exc:
             self.metrics.inflight.dec()
             self.metrics.requests.labels(f"{exc.status}").inc()
-            raise
-        except WouldMiss:  # the caller turns it into a job
-            self.metrics.inflight.dec()
             raise
         except BaseException:
             self.metrics.inflight.dec()
             self.metrics.requests.labels("500").inc()
             raise
-        completion = Completion(request, routed.model, routed.tier,
-                                cached.result if cached else "miss", chunks=_empty())
-        if cached is not None:
-            completion.timings.add("cache", cached.seconds)
+        completion = Completion(prepared.request, routed.model, routed.tier,
+                                lookup.result if lookup else "miss", chunks=_empty(),
+                                arm=prepared.arm)
+        if lookup is not None:
+            completion.timings.add("cache", lookup.seconds)
         completion.timings.add("route", routed.route_s)
         first, stream = routed.first, routed.rest
         completion.chunks = self._measured(completion, first, stream)
         self._absorb(completion, first)
         return completion
 
-    def _replay(self, request: GenerationRequest, cached: Lookup, answer: CachedAnswer) -> Completion:
+    def _replay(self, prepared: Prepared, lookup: Lookup, answer: CachedAnswer) -> Completion:
         """A cache hit, served as a normal completion: the stored answer in a few chunks."""
-        completion = Completion(request, answer.model, request.tier or "S", cached.result,
-                                chunks=_empty())
-        completion.timings.add("cache", cached.seconds)
+        completion = Completion(prepared.request, answer.model, prepared.tier, lookup.result,
+                                chunks=_empty(), arm=prepared.arm)
+        completion.timings.add("cache", lookup.seconds)
         first, *rest = answer.chunks()
         self.metrics.inflight.inc()
         completion.chunks = self._measured(completion, first, _iterate(rest))
@@ -190,7 +222,7 @@ class Pipeline:
             status = "499"  # the client went away
             raise
         finally:
-            await _aclose(rest)
+            await aclose(rest)
             self.metrics.inflight.dec()
             e2e = time.perf_counter() - req.arrival
             completion.timings.seconds["total"] = e2e
@@ -207,20 +239,17 @@ class Pipeline:
                 if "queue" in completion.timings.seconds:
                     self._child(self.metrics.queue, completion.model).observe(
                         completion.timings.seconds["queue"])
-            for observer in self.observers:
-                try:
-                    observer.on_finish(completion)
-                except Exception:  # an observer must never break a response
-                    log.exception("observer %r failed", observer)
+            self._tell(completion, e2e)
 
-
-async def _aclose(it: AsyncIterator[Chunk]) -> None:
-    close = getattr(it, "aclose", None)
-    if close is not None:
-        try:
-            await close()
-        except RuntimeError:  # already running in another task; it will stop itself
-            pass
+    def _tell(self, c: Completion, total_s: float) -> None:
+        done = Finished(c.request, c.model, c.tier, c.cache, c.status, c.finish_reason,
+                        c.output_tokens, c.ttft_s, total_s, c.usage, "".join(c.text),
+                        MappingProxyType(dict(c.timings.seconds)), c.arm)
+        for observer in self.observers:
+            try:
+                observer.on_finish(done)
+            except Exception:  # an observer must never break a response
+                log.exception("observer %r failed", observer)
 
 
 async def _iterate(chunks: list[Chunk]) -> AsyncIterator[Chunk]:

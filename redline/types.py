@@ -349,3 +349,24 @@ def assemble(chunks: list[Chunk], n: int = 1) -> list[ChoiceAnswer]:
     for chunk in chunks:
         out.setdefault(chunk.index, ChoiceAnswer(chunk.index)).add(chunk)
     return [out[i] for i in sorted(out)]
+
+
+@dataclass(frozen=True, slots=True)
+class Finished:
+    """A request that has ended, as every pipeline observer receives it (the cache that
+    stores the answer, the stream-length history, the long-tail log, live stats, the A/B
+    recorder, the token limiter). Frozen: one observer cannot change what the next sees."""
+
+    request: GenerationRequest
+    model: str  # the model that answered
+    tier: str
+    cache: str  # "miss", "hit", "semantic", "bypass", ...
+    status: str  # "200", "499" (the client left), "500"
+    finish_reason: str | None
+    output_tokens: int
+    ttft_s: float | None
+    total_s: float
+    usage: Usage | None
+    text: str  # the whole answer
+    timings: Mapping[str, float]  # stage -> seconds, "total" included
+    arm: str | None = None  # "experiment:arm" when an A/B experiment enrolled it

@@ -1,8 +1,7 @@
 """The relay's fast paths: the per-token SSE chunk is OpenAI's chunk JSON (the JSON an
-OpenAI client parses);
-the server's own send, put in the scope for body chunks, must not outlive the request
-(a reference cycle there is garbage for the collector on every request)."""
-
+OpenAI client parses); the server's offers to a response (HOLD_HEAD, WRITE_NOW in the
+scope's extensions) must not outlive the response (a reference cycle there is garbage for
+the collector on every request)."""
 from __future__ import annotations
 
 import asyncio
@@ -13,7 +12,7 @@ import weakref
 import pytest
 
 from redline.api.chunks import ChunkEncoder
-from redline.api.sse import RAW_SEND, EventStream, expose_raw_send
+from redline.api.sse import HOLD_HEAD, OFFERS, WRITE_NOW, EventStream
 from redline.types import Chunk
 
 TEXTS = ["Hello", " world", "quote \" and \\ backslash", "line\nbreak\ttab", "naïve — 日本語 🙂",
@@ -65,7 +64,7 @@ class _Cycle:
         return {"type": "http.disconnect"}
 
 
-def test_event_stream_sends_body_through_the_raw_send_and_leaves_no_cycle():
+def test_event_stream_without_the_servers_offers_sends_everything_through_send():
     async def events():
         for i in range(3):
             yield f"data: {i}\n\n".encode()
@@ -76,14 +75,13 @@ def test_event_stream_sends_body_through_the_raw_send_and_leaves_no_cycle():
         async def wrapped(message):  # a middleware that wraps send
             seen_by_middleware.append(message["type"])
             await send(message)
-        await EventStream(events())(scope, receive, wrapped)
+        await EventStream(events(), first_ready=True, on_started=lambda w: None)(scope, receive, wrapped)
 
     async def run() -> weakref.ref:
         cycle = _Cycle()
-        await expose_raw_send(app)(cycle.scope, cycle.receive, cycle.send)
+        await app(cycle.scope, cycle.receive, cycle.send)
         assert [m.get("body") for m in cycle.sent[1:]] == [b"data: 0\n\n", b"data: 1\n\n",
                                                            b"data: 2\n\n", b""]
-        assert RAW_SEND not in cycle.scope
         return weakref.ref(cycle)
 
     gc.disable()
@@ -92,8 +90,7 @@ def test_event_stream_sends_body_through_the_raw_send_and_leaves_no_cycle():
         assert ref() is None  # freed by reference counting alone
     finally:
         gc.enable()
-    # the start and the end go through the middlewares; the token chunks do not
-    assert seen_by_middleware == ["http.response.start", "http.response.body"]
+    assert seen_by_middleware == ["http.response.start"] + ["http.response.body"] * 4
 
 
 class _Transport(asyncio.Transport):
@@ -139,10 +136,14 @@ async def test_response_head_goes_out_with_the_first_event(first_ready):
         await gate.wait()
         yield b"id: s:2\ndata: second\n\n"
 
+    seen: list[dict] = []
+
     async def app(scope, receive, send):  # type: ignore[no-untyped-def]
+        seen.append(scope)
+        assert {HOLD_HEAD, WRITE_NOW} <= set(scope["extensions"][OFFERS])  # what EventStream uses
         await EventStream(events(), first_ready=first_ready)(scope, receive, send)
 
-    config = uvicorn.Config(expose_raw_send(app), log_level="warning", lifespan="off")
+    config = uvicorn.Config(app, log_level="warning", lifespan="off")
     proto = protocol(LimitsConfig())(config=config, server_state=ServerState(), app_state={})
     transport = _Transport()
     proto.connection_made(transport)
@@ -161,27 +162,31 @@ async def test_response_head_goes_out_with_the_first_event(first_ready):
     for _ in range(50):
         await asyncio.sleep(0)
     assert b"data: second\n\n" in transport.writes[n] and transport.writes[-1].endswith(b"0\r\n\r\n")
+    # the response is over: the server took its offers back from the scope (each closes
+    # over the cycle that holds the scope: a reference cycle left for the collector)
+    assert OFFERS not in seen[0].get("extensions", {})
     proto.connection_lost(None)
 
 
-async def test_completion_routes_skip_fastapi_only_for_bodies_that_validate(tmp_path):
-    """A valid body is answered by DirectRoutes without FastAPI's route; anything else
-    (bad JSON, a field out of range, no JSON content type) takes the route, replayed
-    whole, and gets its usual OpenAI-shaped error or answer."""
+async def test_completion_routes_answer_json_bodies_as_fastapi_would(tmp_path):
+    """A JSON body to a completion route is served by the hot routes (api/hot.py)
+    without FastAPI's router, and a body that does not validate gets there exactly the
+    error FastAPI's route gives it (here through a `+json` content type, which FastAPI
+    reads as JSON and the hot routes leave to it); other content types go to FastAPI."""
     import httpx
 
     from redline.api.app import create_app
+    from redline.api.hot import HotRoutes
     from redline.backends.fake import FakeBackend
     from redline.config import RedlineConfig
 
     cfg = RedlineConfig(server={"data_dir": str(tmp_path)}, models=[{"name": "fake", "bundled": "fake"}])
     app = create_app(cfg, backends={"fake": FakeBackend(tpot_s=0.0)})
-    from redline.api.openai_routes import DirectRoutes
 
-    routed: list[str] = []  # requests that went past DirectRoutes, into FastAPI's routing
+    routed: list[str] = []  # requests that went past HotRoutes, into FastAPI's routing
     app.middleware_stack = app.build_middleware_stack()
     layer = app.middleware_stack
-    while not isinstance(layer, DirectRoutes):
+    while not isinstance(layer, HotRoutes):
         layer = layer.app
     inner = layer.app
 
@@ -191,6 +196,7 @@ async def test_completion_routes_skip_fastapi_only_for_bodies_that_validate(tmp_
         await inner(scope, receive, send)
     layer.app = counted
     chat = {"model": "fake", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5}
+    via_fastapi = {"content-type": "application/vnd.api+json"}
     async with app.router.lifespan_context(app):
         while not app.state.pipeline.ready:
             await asyncio.sleep(0.01)
@@ -202,15 +208,22 @@ async def test_completion_routes_skip_fastapi_only_for_bodies_that_validate(tmp_
             assert streamed.status_code == 200 and streamed.text.endswith("data: [DONE]\n\n")
             assert text.status_code == 200 and text.json()["object"] == "text_completion"
             assert routed == []
+            bad_bodies = [json.dumps({**chat, "max_tokens": 0}).encode(), b'{"model": "fake", "mess',
+                          b"[1, 2]", json.dumps({"model": "fake"}).encode(),
+                          json.dumps({**chat, "model": "nope"}).encode()]
+            for bad in bad_bodies:
+                hot = await c.post("/v1/chat/completions", content=bad,
+                                   headers={"content-type": "application/json"})
+                assert routed == []
+                regular = await c.post("/v1/chat/completions", content=bad, headers=via_fastapi)
+                assert routed.pop() == "/v1/chat/completions"
+                assert (hot.status_code, hot.json()) == (regular.status_code, regular.json()), bad
+            assert hot.status_code == 404 and hot.json()["error"]["code"] == "model_not_found"
             bad = await c.post("/v1/chat/completions", json={**chat, "max_tokens": 0})
             assert bad.status_code == 400 and bad.json()["error"]["param"] == "max_tokens"
-            broken = await c.post("/v1/chat/completions", content=b'{"model": "fake", "mess',
-                                  headers={"content-type": "application/json"})
-            assert broken.status_code == 400 and broken.json()["error"]["type"] == "invalid_request_error"
-            unknown = await c.post("/v1/chat/completions", json={**chat, "model": "nope"})
-            assert unknown.status_code == 404 and unknown.json()["error"]["code"] == "model_not_found"
             plain = await c.post("/v1/chat/completions", content=json.dumps(chat).encode(),
                                  headers={"content-type": "text/plain"})
-            assert routed == ["/v1/chat/completions"] * 2 + ["/v1/chat/completions"]
-            assert plain.status_code in (200, 400)  # FastAPI decides, as before
+            assert routed == ["/v1/chat/completions"]
+            # FastAPI reads a body that is not declared JSON as bytes: not an object
+            assert plain.status_code == 400 and plain.json()["error"]["type"] == "invalid_request_error"
             assert (await c.get("/v1/models")).status_code == 200 and routed[-1] == "/v1/models"

@@ -36,9 +36,8 @@ class Tenants:
 
 
 def client(config: RedlineConfig) -> Iterator[tuple[TestClient, Tenants]]:
-    app = create_app(config, backends={"fake": FakeBackend()})
     tenants = Tenants()
-    app.state.pipeline.observers.append(tenants)
+    app = create_app(config, backends={"fake": FakeBackend()}, observers=[tenants])
     with TestClient(app) as c:
         deadline = time.monotonic() + 60
         while (c.get("/readyz", headers={"Authorization": f"Bearer {KEY}"}).status_code != 200

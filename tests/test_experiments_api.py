@@ -12,8 +12,7 @@ from redline.api.app import create_app
 from redline.backends.fake import FakeBackend
 from redline.config import RedlineConfig
 from redline.experiments.record import Recorder
-from redline.pipeline import Completion, _empty
-from redline.types import GenerationRequest, SamplingParams, StageTimings
+from redline.types import Finished, GenerationRequest, SamplingParams
 
 
 def make_app(tmp_path: Path) -> TestClient:
@@ -70,12 +69,10 @@ def test_no_experiment_no_header(tmp_path: Path) -> None:
         assert client.get("/v1/admin/experiments").json()["experiments"] == []
 
 
-def completion(arm: str, status: str, finish: str | None, ttft: float = 0.1) -> Completion:
+def completion(arm: str, status: str, finish: str | None, ttft: float = 0.1) -> Finished:
     req = GenerationRequest(model="m", prompt="p", sampling=SamplingParams())
-    c = Completion(req, "m", "S", "miss", chunks=_empty(), status=status, finish_reason=finish,
-                   ttft_s=ttft, output_tokens=5, arm=arm)
-    c.timings = StageTimings({"total": ttft + 0.4})
-    return c
+    return Finished(req, "m", "S", "miss", status, finish, 5, ttft, ttft + 0.4, None, "",
+                    {"total": ttft + 0.4}, arm)
 
 
 def test_recorder_counts_interruptions_and_completions() -> None:

@@ -1,7 +1,7 @@
 """Where a local model runs, torch (the MiniLM embedder) and BLAS (the semantic index) are
 kept to one thread: their idle threads took cores from llama.cpp's (see
-redline/api/app.py:library_threads). Checked in fresh processes: both settings are
-process-wide and fixed by the first use."""
+redline/tuning.py). Checked in fresh processes: both settings are process-wide and fixed
+by the first use; `redline serve` sets BLAS's (tune_threads), the app factory never does."""
 
 from __future__ import annotations
 
@@ -33,9 +33,14 @@ import json, sys
 from threadpoolctl import threadpool_info
 from redline.api.app import create_app
 from redline.config import RedlineConfig
+from redline.tuning import tune_threads
 
 cfg = RedlineConfig(**json.loads(sys.argv[1]))
+before = [p["num_threads"] for p in threadpool_info() if p["user_api"] == "blas"]
 pipeline = create_app(cfg).state.pipeline
+after = [p["num_threads"] for p in threadpool_info() if p["user_api"] == "blas"]
+assert after == before or not before, (before, after)  # the app factory leaves them alone
+tune_threads(cfg)  # what `redline serve` does first
 print(json.dumps({"cache": pipeline.cache.embedder_threads, "router": pipeline.router.embedder_threads,
                   "blas": [p["num_threads"] for p in threadpool_info() if p["user_api"] == "blas"]}))
 """
@@ -55,7 +60,7 @@ def test_the_cache_embedder_runs_torch_on_one_thread_unless_told() -> None:
         assert run(CACHE, {"embedder_threads": 0})["torch_threads"] > 1
 
 
-def test_the_app_limits_torch_and_blas_only_next_to_a_local_engine(tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_serve_limits_torch_and_blas_only_next_to_a_local_engine(tmp_path) -> None:  # type: ignore[no-untyped-def]
     local = {"name": "small", "bundled": "smollm2-135m-instruct"}  # built, not loaded
     remote = {"name": "big", "backend": "openai", "url": "http://127.0.0.1:9"}
     server = {"data_dir": str(tmp_path)}

@@ -55,7 +55,20 @@ def test_transformers_ladder_on_a_tiny_random_model(tmp_path: Path) -> None:
     assert report.chosen in names
     md, js = write(report, out)
     assert "| fp32 |" in md.read_text() and json.loads(js.read_text())["chosen"] == report.chosen
-    if report.output:
-        assert Path(report.output).exists()
+    # the chosen variant is written out unless the reference itself won (nothing to write)
+    chosen = next(r for r in report.results if r.name == report.chosen)
+    assert chosen.passed
+    if chosen.reference:
+        assert report.output is None
+    else:
+        assert report.output is not None and Path(report.output).exists()
     assert not (out / ".variants").exists()
-    assert "refused" in markdown(report) or all(r.passed for r in report.results)
+    # the report names every refused variant, with its reasons, and only those
+    text = markdown(report)
+    for r in report.results:
+        row = next(line for line in text.splitlines() if line.startswith(f"| {r.name} |"))
+        assert ("**refused**" in row) is (not r.passed), row
+        for failure in r.failures:
+            assert failure in row
+    refused = [r.name for r in report.results if not r.passed]
+    assert (f"Refused: {', '.join(refused)}." in text) is bool(refused)

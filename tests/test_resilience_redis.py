@@ -86,7 +86,7 @@ def test_redis_killed_mid_run(tmp_path: Path, redis: Redis) -> None:
         assert hits_before < 40  # the cache answered some while Redis was up
         assert server.backend.calls - hits_before == 60  # after: the model answered all
         limiter = server.app.state.limiter
-        assert limiter.broken_until > time.monotonic() - 1  # counting in memory now
+        assert limiter.broken  # counting in memory now
         assert not server.app.state.store.available  # the store's breaker is open: no reconnect per call
         job = c.post("/v1/chat/completions", json={**chat(0), "background": True})
         assert job.status_code == 503, job.text

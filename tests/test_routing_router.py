@@ -15,7 +15,7 @@ from redline.backends.openai_compat import OpenAICompatBackend
 from redline.backends.pool import PoolBackend
 from redline.config import RouteRule, RoutingConfig, TierBudget
 from redline.errors import BackendError, ModelNotFound, Overloaded
-from redline.routing.router import Routed, Router, WouldMiss
+from redline.routing.router import Routed, Router
 from redline.telemetry.metrics import Metrics
 from redline.types import GenerationRequest, Message, SamplingParams
 
@@ -32,6 +32,11 @@ async def drain(r: Routed) -> str:
     return "".join(out)
 
 
+async def route(r: Router, request: GenerationRequest) -> Routed:
+    """Plan, then open the plan: the way the pipeline serves a request."""
+    return await r.open(r.plan(request))
+
+
 async def router(backends: dict[str, Any], **cfg: Any) -> Router:
     r = Router(backends, next(iter(backends)), RoutingConfig(**cfg), Metrics())
     await r.start()
@@ -45,29 +50,29 @@ def two() -> dict[str, FakeBackend]:
 
 async def test_auto_sends_simple_to_small_and_complex_to_large(two: dict[str, FakeBackend]) -> None:
     r = await router(two)
-    simple = await r.open(req("what is the capital of France?"))
+    simple = await route(r, req("what is the capital of France?"))
     assert (simple.model, simple.tier) == ("small", "S")
     await drain(simple)
-    hard = await r.open(req("write a python function that implements a trie with unit tests"))
+    hard = await route(r, req("write a python function that implements a trie with unit tests"))
     assert (hard.model, hard.tier) == ("large", "A")
     await drain(hard)
-    report = await r.open(req("write a detailed 30-page report on the global coffee market"))
+    report = await route(r, req("write a detailed 30-page report on the global coffee market"))
     assert (report.model, report.tier) == ("large", "B")
     await drain(report)
 
 
 async def test_explicit_tier_and_model_win(two: dict[str, FakeBackend]) -> None:
     r = await router(two)
-    got = await r.open(req("write a detailed report on coffee", model="small", tier="S"))
+    got = await route(r, req("write a detailed report on coffee", model="small", tier="S"))
     assert (got.model, got.tier) == ("small", "S")
     await drain(got)
     with pytest.raises(ModelNotFound):
-        await r.open(req("hi", model="nope"))
+        await route(r, req("hi", model="nope"))
 
 
 async def test_rules_override_the_classifier(two: dict[str, FakeBackend]) -> None:
     r = await router(two, rules=[RouteRule(match=r"^hi\b", tier="A", model="large")])
-    got = await r.open(req("hi there"))
+    got = await route(r, req("hi there"))
     assert (got.model, got.tier) == ("large", "A")
     await drain(got)
 
@@ -78,7 +83,7 @@ async def test_planner_moves_off_a_model_that_would_miss_the_budget(two: dict[st
     for _ in range(10):
         r.estimates.of(two["large"]).observe_ttft(2.0, 0, 10)
         r.estimates.of(two["small"]).observe_ttft(0.05, 0, 10)
-    got = await r.open(req("explain the proof of Fermat's last theorem", model="large",
+    got = await route(r, req("explain the proof of Fermat's last theorem", model="large",
                            tier="S"))
     assert got.model == "large"  # a named model without fallbacks is kept (degraded)
     assert got.degraded
@@ -87,11 +92,11 @@ async def test_planner_moves_off_a_model_that_would_miss_the_budget(two: dict[st
     for _ in range(10):
         r2.estimates.of(two["large"]).observe_ttft(2.0, 0, 10)
         r2.estimates.of(two["small"]).observe_ttft(0.05, 0, 10)
-    got = await r2.open(req("explain", model="large", tier="S"))
+    got = await route(r2, req("explain", model="large", tier="S"))
     assert got.model == "small" and not got.degraded
     await drain(got)
     # tier A allows 3 s: large meets it and stays first
-    got = await r2.open(req("explain", model="large", tier="A"))
+    got = await route(r2, req("explain", model="large", tier="A"))
     assert got.model == "large"
     await drain(got)
 
@@ -103,7 +108,7 @@ async def test_shortens_tier_s_answers_that_cannot_fit(two: dict[str, FakeBacken
         stats.observe_ttft(0.5, 0, 10)
         stats.observe_output(500)
     stats.tpot_s = 0.05
-    got = await r.open(req("tell me everything", model="small", tier="S", n=500))
+    got = await route(r, req("tell me everything", model="small", tier="S", n=500))
     text = await drain(got)
     assert got.degraded and len(text.split()) == 51  # (3 s − 0.5 s) / 0.05 s + 1
 
@@ -115,20 +120,22 @@ async def test_allow_background_turns_a_predicted_miss_into_would_miss(
         r.estimates.of(two["large"]).observe_ttft(2.0, 0, 10)  # S allows 1 s to first token
     miss = req("explain", model="large", tier="S")
     miss.allow_background = True
-    with pytest.raises(WouldMiss) as caught:
-        await r.open(miss)
-    assert caught.value.tier == "S" and caught.value.predicted_ttft_s >= 1.0
+    planned = r.plan(miss)  # a plan that says so: nothing sent, nothing admitted
+    assert planned.would_miss and planned.tier == "S" and planned.degraded
+    assert planned.predicted is not None and planned.predicted.ttft_s >= 1.0
+    assert planned.request.sampling.max_tokens == miss.sampling.max_tokens  # not shortened
     assert r.metrics.value("redline_degradations_total", {"tier": "S", "action": "background"}) == 1
-    assert r.admission.inflight["S"] == 0  # admitted, then released: nothing leaks
+    assert r.admission.inflight["S"] == 0
+    assert two["large"].calls == 0
     # without the opt-in the answer still comes, degraded (fastest model) and counted so
-    got = await r.open(req("explain", model="large", tier="S"))
+    got = await route(r, req("explain", model="large", tier="S"))
     assert got.degraded and got.model == "large"
     await drain(got)
     assert r.metrics.value("redline_degradations_total", {"tier": "S", "action": "fastest"}) == 1
     # tier A allows 3 s: 2 s meets it, so the opt-in changes nothing
     fits = req("explain", model="large", tier="A")
     fits.allow_background = True
-    got = await r.open(fits)
+    got = await route(r, fits)
     assert not got.degraded
     await drain(got)
 
@@ -138,12 +145,12 @@ async def test_errors_before_first_token_are_retried_then_fall_back() -> None:
     ok = FakeBackend("small", size_rank=1)
     r = await router({"large": bad, "small": ok}, classifier="off",
                      fallbacks={"large": ["small"]})
-    got = await r.open(req("hello", model="large", tier="A"))
+    got = await route(r, req("hello", model="large", tier="A"))
     assert got.model == "small" and got.attempts == 2
     await drain(got)
     r2 = await router({"large": FakeBackend("large", fail_rate=1.0)}, classifier="off")
     with pytest.raises(BackendError):
-        await r2.open(req("hello", model="large", tier="A"))
+        await route(r2, req("hello", model="large", tier="A"))
 
 
 async def test_a_dead_backend_opens_its_breaker_and_traffic_moves() -> None:
@@ -152,11 +159,11 @@ async def test_a_dead_backend_opens_its_breaker_and_traffic_moves() -> None:
     pool = PoolBackend("m", [dead, alive])
     r = await router({"m": pool}, classifier="off", breaker_threshold=3, hedge=False)
     for _ in range(12):
-        await drain(await r.open(req("hi", model="m", tier="A")))
+        await drain(await route(r, req("hi", model="m", tier="A")))
     assert r.breakers.is_open("m/0") and not r.breakers.is_open("m/1")
     calls = dead.calls
     for _ in range(5):
-        assert (await r.open(req("hi", model="m", tier="A"))).model == "m"
+        assert (await route(r, req("hi", model="m", tier="A"))).model == "m"
     assert dead.calls == calls  # no traffic to the open breaker
     assert r.metrics.backend_up.labels("m/0")._value.get() == 0
 
@@ -165,19 +172,19 @@ async def test_admission_sheds_b_before_a_before_s(two: dict[str, FakeBackend]) 
     tiers = {"S": TierBudget(ttft_s=1, total_s=3, max_inflight=100),
              "A": TierBudget(ttft_s=3, max_inflight=100), "B": TierBudget(max_inflight=2)}
     r = await router(two, classifier="off", max_inflight=10, tiers=tiers)
-    held = [await r.open(req("x", model="small", tier="B")) for _ in range(2)]
+    held = [await route(r, req("x", model="small", tier="B")) for _ in range(2)]
     with pytest.raises(Overloaded):  # B's own limit
-        await r.open(req("x", model="small", tier="B"))
-    held += [await r.open(req("x", model="small", tier="S")) for _ in range(3)]
+        await route(r, req("x", model="small", tier="B"))
+    held += [await route(r, req("x", model="small", tier="S")) for _ in range(3)]
     # 5 in flight: B is shed (at 50 %), A and S still served
-    held.append(await r.open(req("x", model="small", tier="A")))
-    held += [await r.open(req("x", model="small", tier="S")) for _ in range(2)]
+    held.append(await route(r, req("x", model="small", tier="A")))
+    held += [await route(r, req("x", model="small", tier="S")) for _ in range(2)]
     with pytest.raises(Overloaded) as exc:  # 8 in flight: A shed at 80 %
-        await r.open(req("x", model="small", tier="A"))
+        await route(r, req("x", model="small", tier="A"))
     assert exc.value.retry_after is not None
-    held += [await r.open(req("x", model="small", tier="S")) for _ in range(2)]
+    held += [await route(r, req("x", model="small", tier="S")) for _ in range(2)]
     with pytest.raises(Overloaded):  # 10: S too
-        await r.open(req("x", model="small", tier="S"))
+        await route(r, req("x", model="small", tier="S"))
     for h in held:
         await h.rest.aclose()  # type: ignore[attr-defined]
     assert r.admission.total == 0
@@ -198,7 +205,7 @@ async def test_hedging_takes_the_faster_replica_and_cancels_the_loser(live_app: 
         r.estimates.of(a).observe_ttft(0.05, 0, 1)
         r.estimates.of(b).observe_ttft(0.05, 0, 1)
     b.inflight = 1  # the pool's first choice is the slow replica
-    got = await r.open(req("hi", model="m", tier="S"))
+    got = await route(r, req("hi", model="m", tier="S"))
     b.inflight = 0
     assert got.hedged and await drain(got) == "tok tok tok tok"
     for _ in range(100):
@@ -212,7 +219,7 @@ async def test_hedging_takes_the_faster_replica_and_cancels_the_loser(live_app: 
 
 async def test_fcfs_mode_is_the_plain_baseline(two: dict[str, FakeBackend]) -> None:
     r = await router(two, mode="fcfs")
-    got = await r.open(req("what is the capital of France?"))
+    got = await route(r, req("what is the capital of France?"))
     assert (got.model, got.tier) == ("small", "S")  # the default model, tier S
     await drain(got)
 

@@ -15,7 +15,7 @@ from redline.backends.fake import FakeBackend
 from redline.config import load_config
 from redline.telemetry.longtail import LongTailLog, over_budget
 from redline.telemetry.metrics import Metrics
-from redline.types import GenerationRequest, Message, SamplingParams, StageTimings, Usage
+from redline.types import Finished, GenerationRequest, Message, SamplingParams, Usage
 
 S = SimpleNamespace(ttft_s=1.0, total_s=3.0)
 A = SimpleNamespace(ttft_s=3.0, total_s=None)
@@ -25,9 +25,8 @@ BUDGETS = {"S": S, "A": A, "B": B}
 
 def completion(tier: str, ttft: float, total: float, status: str = "200") -> Any:
     req = GenerationRequest("m", SamplingParams(), messages=(Message("user", "hello there"),))
-    return SimpleNamespace(request=req, model="m", tier=tier, cache="miss", status=status,
-                           ttft_s=ttft, timings=StageTimings({"prefill": ttft, "total": total}),
-                           usage=Usage(3, 7), output_tokens=7, text=["a", "bc"])
+    return Finished(req, "m", tier, "miss", status, "stop", 7, ttft, total, Usage(3, 7), "abc",
+                    {"prefill": ttft, "total": total})
 
 
 def test_over_budget_checks_each_limit() -> None:

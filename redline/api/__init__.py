@@ -1,0 +1,10 @@
+"""The HTTP edge. One request's way (README.md, "The way of one request"):
+
+    server.py (uvicorn) → app.py's one middleware stack (middleware.py, auth.py, limits.py)
+      → hot.py: completion routes with a JSON body → openai_routes.serve
+          → pipeline.prepare → (jobs_routes: 202) | pipeline.open → JSON or sse.EventStream
+      → FastAPI's router: every other route (*_routes.py)
+
+services.py builds what the routes use, once; errors.py turns every error into OpenAI's
+shape.
+"""

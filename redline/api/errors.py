@@ -11,6 +11,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from redline.errors import InvalidRequest, NotFound, RedlineError, RequestTimeout
@@ -23,6 +24,21 @@ def error_response(exc: RedlineError) -> JSONResponse:
     if exc.retry_after is not None:
         headers["Retry-After"] = str(max(1, math.ceil(exc.retry_after)))
     return JSONResponse(exc.to_dict(), status_code=exc.status, headers=headers)
+
+
+def answer(exc: RedlineError) -> JSONResponse:
+    """The response to a RedlineError, from a route of FastAPI's or a hot route's
+    (api/hot.py): the one place an error becomes a response."""
+    if exc.status >= 500:
+        log.warning("%s: %s", type(exc).__name__, exc.message)
+    return error_response(exc)
+
+
+def invalid_body(exc: ValidationError) -> InvalidRequest:
+    """A body that did not validate against its model, as FastAPI's body reader would
+    have reported it (its locations start at "body")."""
+    errors = [{**e, "loc": ("body", *e["loc"])} for e in exc.errors()]
+    return validation_error(RequestValidationError(errors))
 
 
 def _param(loc: Sequence[Any]) -> str | None:
@@ -46,7 +62,7 @@ def validation_error(exc: RequestValidationError) -> InvalidRequest:
         return InvalidRequest("We could not parse the JSON body of your request. (HINT: This likely "
                               "means you aren't using your HTTP library correctly.)")
     param = _param(first.get("loc", ()))
-    if kind in ("model_attributes_type", "dict_type") and param is None:
+    if kind in ("model_attributes_type", "dict_type", "model_type") and param is None:
         return InvalidRequest("The request body must be a JSON object.")
     if kind == "missing":
         return InvalidRequest(f"Missing required parameter: '{param}'.", param=param,
@@ -59,9 +75,7 @@ def validation_error(exc: RequestValidationError) -> InvalidRequest:
 def install(app: FastAPI) -> None:
     @app.exception_handler(RedlineError)
     async def _redline(_: Request, exc: RedlineError) -> JSONResponse:
-        if exc.status >= 500:
-            log.warning("%s: %s", type(exc).__name__, exc.message)
-        return error_response(exc)
+        return answer(exc)
 
     @app.exception_handler(RequestValidationError)
     async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:

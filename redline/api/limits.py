@@ -19,8 +19,8 @@ that rotates bearer tokens (each a tenant of its own for the cache) gets no fres
 
 Counters live in memory, or in Redis when `limits.storage_url` (or `store.url`) is
 redis://, so replicas share them. The limiter fails open: if Redis errors, a breaker
-opens and this replica counts in memory until Redis answers again; a request is never
-refused because the counter store is down.
+(redline/breaker.py) opens and this replica counts in memory until Redis answers again; a
+request is never refused because the counter store is down.
 """
 
 from __future__ import annotations
@@ -42,8 +42,10 @@ from limits.storage import storage_from_string
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from redline.api.middleware import send_error
+from redline.breaker import CircuitBreaker
 from redline.config import ApiKey, LimitsConfig
 from redline.errors import RateLimited
+from redline.types import Finished
 
 log = logging.getLogger(__name__)
 
@@ -118,7 +120,8 @@ class TenantLimiter:
         self.url = storage_url(config, store_url)
         self.shared = _Counters(self.url)
         self.local = self.shared if self.url == "async+memory://" else _Counters("async+memory://")
-        self.broken_until = 0.0
+        # one failure opens it; then the shared counters get one try at a time
+        self.breaker = CircuitBreaker(threshold=1, ttl_s=BREAKER_TTL_S)
         self.pending: set[asyncio.Task[None]] = set()
         self.keyed = bool(keys)
         self.reserved: dict[str, Reservation] = {}  # request id → its reservation
@@ -134,13 +137,28 @@ class TenantLimiter:
         return RateLimitItemPerSecond(amount, self.window)
 
     def _counters(self) -> _Counters:
-        return self.local if time.monotonic() < self.broken_until else self.shared
+        if self.shared is self.local:
+            return self.local
+        return self.shared if self.breaker.acquire() else self.local
 
-    def _trip(self, exc: Exception) -> None:
-        if time.monotonic() >= self.broken_until:
-            log.warning("rate-limit store failed (%s); counting in memory for %.0f s",
-                        type(exc).__name__, BREAKER_TTL_S)
-        self.broken_until = time.monotonic() + BREAKER_TTL_S
+    def _settle(self, counters: _Counters, exc: BaseException | None) -> None:
+        """Report a call on `counters` to the breaker (the local ones are not behind it)."""
+        if counters is self.local:
+            return
+        if exc is None:
+            self.breaker.success()
+        elif isinstance(exc, Exception):
+            if not self.breaker.is_open:
+                log.warning("rate-limit store failed (%s); counting in memory for %.0f s",
+                            type(exc).__name__, BREAKER_TTL_S)
+            self.breaker.failure()
+        else:  # cancelled: proved nothing
+            self.breaker.release()
+
+    @property
+    def broken(self) -> bool:
+        """Counting in memory now: the shared counters' breaker is open."""
+        return self.breaker.opened_at is not None
 
     async def admit(self, tenant: str) -> Verdict:
         quota = self.quota(tenant)
@@ -148,12 +166,14 @@ class TenantLimiter:
             return Verdict(True)
         counters = self._counters()
         try:
-            return await self._admit(counters, tenant, quota)
-        except Exception as exc:  # the counter store is down: fail open, count locally
-            if counters is self.local:
+            verdict = await self._admit(counters, tenant, quota)
+        except BaseException as exc:  # the counter store is down: fail open, count locally
+            self._settle(counters, exc)
+            if counters is self.local or not isinstance(exc, Exception):
                 raise
-            self._trip(exc)
             return await self._admit(self.local, tenant, quota)
+        self._settle(counters, None)
+        return verdict
 
     async def _admit(self, c: _Counters, tenant: str, quota: Quota) -> Verdict:
         headers: list[tuple[bytes, bytes]] = []
@@ -255,14 +275,16 @@ class TenantLimiter:
         counters = self._counters()
         try:
             await counters.tokens.hit(self._item(quota.tpm), "tok", tenant, cost=tokens)
-        except Exception as exc:
-            if counters is self.local:
+        except BaseException as exc:
+            self._settle(counters, exc)
+            if counters is self.local or not isinstance(exc, Exception):
                 raise
-            self._trip(exc)
             await self.local.tokens.hit(self._item(quota.tpm), "tok", tenant, cost=tokens)
+            return
+        self._settle(counters, None)
 
     # -- a pipeline observer: charge each finished completion's tokens -----------------
-    def on_finish(self, completion: Any) -> None:
+    def on_finish(self, completion: Finished) -> None:
         usage = completion.usage
         tokens = usage.total_tokens if usage is not None else completion.output_tokens
         r = self.reserved.pop(completion.request.id, None)

@@ -46,15 +46,9 @@ class ReadyGate:
     def __init__(self, app: ASGIApp, is_ready: Callable[[], bool], why: Callable[[], str]) -> None:
         self.app, self.is_ready, self.why = app, is_ready, why
 
-    def check(self, scope: Scope) -> NotReady | None:
-        if scope["path"].startswith("/v1/") and not self.is_ready():
-            return NotReady(f"Server not ready: {self.why()}.", retry_after=1)
-        return None
-
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        refused = self.check(scope) if scope["type"] == "http" else None
-        if refused is not None:
-            await send_error(send, refused)
+        if scope["type"] == "http" and scope["path"].startswith("/v1/") and not self.is_ready():
+            await send_error(send, NotReady(f"Server not ready: {self.why()}.", retry_after=1))
             return
         await self.app(scope, receive, send)
 
@@ -72,7 +66,7 @@ class BodyLimit:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        limit = self.limit_for(scope["path"])
+        limit = self.per_path.get(scope["path"], self.limit)
         length, chunked = body_framing(scope)
         if length is not None and length > limit:
             await self._reject(send, limit)
@@ -106,9 +100,6 @@ class BodyLimit:
 
         await self.app(scope, guarded_receive, guarded_send)
 
-    def limit_for(self, path: str) -> int:
-        return self.per_path.get(path, self.limit)
-
     async def _reject(self, send: Send, limit: int) -> None:
         err = PayloadTooLarge(f"Request body is larger than the limit of {limit} bytes.")
         await send_error(send, err, close=True)
@@ -118,7 +109,9 @@ class BodyTimeout:
     """A request body must arrive whole within `timeout` seconds of the request's start.
     uvicorn has no body-read timeout: a client that sends a byte every few seconds (the
     slow-body attack) would hold a connection and a task forever. After the body is in,
-    `receive` is passed through untouched (it then waits for the client's disconnect)."""
+    `receive` is passed through untouched (it then waits for the client's disconnect).
+    Late, `receive` raises an HTTPException(408) that the app's handler (or the hot
+    routes) answers; `send` is not wrapped (every relayed token goes through it)."""
 
     def __init__(self, app: ASGIApp, timeout: float) -> None:
         self.app, self.timeout = app, timeout
@@ -130,7 +123,6 @@ class BodyTimeout:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.timeout
         body_done = False
-        started = False
 
         async def timed_receive() -> Message:
             nonlocal body_done
@@ -145,35 +137,11 @@ class BodyTimeout:
                 body_done = True
             return message
 
-        async def tracking_send(message: Message) -> None:
-            nonlocal started
-            if message["type"] == "http.response.start":
-                started = True
-            await send(message)
-
         try:
-            await self.app(scope, timed_receive, tracking_send)
-        except _BodyTimedOut:
-            if not started:
-                await self.refuse(send)
-
-    async def read(self, receive: Receive, deadline: float) -> list[Message] | None:
-        """The request's messages up to its body's last (or a disconnect), read by
-        `deadline` (the loop's clock), else None."""
-        messages: list[Message] = []
-        try:
-            async with asyncio.timeout_at(deadline):
-                while True:
-                    message = await receive()
-                    messages.append(message)
-                    if message["type"] != "http.request" or not message.get("more_body", False):
-                        return messages
-        except TimeoutError:
-            return None
-
-    async def refuse(self, send: Send) -> None:
-        err = RequestTimeout(f"The request body was not received within {self.timeout:g} s.")
-        await send_error(send, err, close=True)
+            await self.app(scope, timed_receive, send)
+        except _BodyTimedOut:  # an app that did not answer it: before any response, always
+            err = RequestTimeout(f"The request body was not received within {self.timeout:g} s.")
+            await send_error(send, err, close=True)
 
 
 class _BodyTimedOut(HTTPException):

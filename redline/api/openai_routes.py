@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import AsyncIterator, Callable
-from typing import Any
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING, Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import Scope
 
 from redline.api import capabilities, jobs_routes, sse
 from redline.api.chunks import ChunkEncoder
@@ -16,18 +15,18 @@ from redline.api.limits import reserve_tokens
 from redline.api.schemas import ChatCompletionRequest, CompletionRequest
 from redline.api.tenant import tenant_from
 from redline.api.unicode import check_text
+from redline.closing import aclose
 from redline.errors import InvalidRequest
-from redline.pipeline import AUTO, Completion, Pipeline
-from redline.routing.router import WouldMiss
+from redline.pipeline import Completion
+from redline.routing.names import AUTO, parse_tier
 from redline.streams import Progress, StreamManager
 from redline.streams.live import WriteThrough
 from redline.types import Chunk, assemble, new_id
 
+if TYPE_CHECKING:
+    from redline.api.services import Services
+
 router = APIRouter()
-
-
-def _pipeline(request: Request) -> Pipeline:
-    return request.app.state.pipeline  # type: ignore[no-any-return]
 
 
 # the request headers the completion routes read
@@ -42,13 +41,6 @@ def _request_headers(scope: Scope) -> dict[bytes, str]:
         if name in _READ and name not in out:
             out[name] = value.decode("latin-1")
     return out
-
-
-def _tier(header: str | None, body_tier: str | None) -> str | None:
-    tier = header or body_tier
-    if tier is not None and tier not in ("S", "A", "B", "auto"):
-        raise InvalidRequest("X-Redline-Tier must be one of S, A, B, auto", param="tier")
-    return tier
 
 
 def _headers(c: Completion, request_id: str) -> dict[str, str]:
@@ -67,158 +59,58 @@ def _headers(c: Completion, request_id: str) -> dict[str, str]:
 @router.get("/v1/models")
 async def list_models(request: Request) -> dict[str, Any]:
     created = int(request.app.state.started_at)
-    names = [*_pipeline(request).model_names(), AUTO]
+    names = [*request.app.state.services.pipeline.model_names(), AUTO]
     return {"object": "list",
             "data": [{"id": n, "object": "model", "created": created, "owned_by": "redline"}
                      for n in names]}
 
 
+# a JSON body is served by the hot routes (api/hot.py) before these see it; these serve
+# the rest (another content type) and describe the routes in /openapi.json
 @router.post("/v1/chat/completions", response_model=None)
 async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
-    return await _handle(request, body, "chat")
+    return await serve(request.app.state.services, request, body, "chat")
 
 
 @router.post("/v1/completions", response_model=None)
 async def completions(body: CompletionRequest, request: Request) -> Response:
-    return await _handle(request, body, "text")
+    return await serve(request.app.state.services, request, body, "text")
 
 
-async def _handle(request: Request, body: ChatCompletionRequest | CompletionRequest,
-                  gen_kind: str) -> Response:
+async def serve(services: Services, request: Request,
+                body: ChatCompletionRequest | CompletionRequest, gen_kind: str) -> Response:
+    """Answer a completion request whose body has validated (from the hot routes,
+    api/hot.py, or the FastAPI routes above)."""
     check_text(body)  # a lone surrogate is a 400 here, not a 500 in a tokenizer
-    headers = _request_headers(request.scope)
+    asked = _request_headers(request.scope)
     gen = body.to_generation(
-        _tier(headers.get(b"x-redline-tier"), body.tier),
-        tenant_from(request.scope, headers.get(b"authorization", "")),
-        "no-cache" in headers.get(b"cache-control", "").lower())
-    session = headers.get(b"x-session-id")
+        parse_tier(asked.get(b"x-redline-tier") or body.tier),
+        tenant_from(request.scope, asked.get(b"authorization", "")),
+        "no-cache" in asked.get(b"cache-control", "").lower())
+    session = asked.get(b"x-session-id")
     if session:  # replica placement keeps a session on one engine replica (backends/pool.py)
         if len(session) > 256:
             raise InvalidRequest("X-Session-ID is longer than 256 characters", param="X-Session-ID")
         gen.session = session
-    capabilities.check(request.app.state.config, gen, AUTO)
-    if not jobs_routes.wants_job(body, gen, _pipeline(request)):  # a job is charged as it runs
-        await reserve_tokens(request.app.state.limiter, request.scope, gen)
-    return await _serve(request, gen_kind=gen_kind, body=body, gen=gen,
-                        request_id=headers.get(b"x-request-id"))
-
-
-class DirectRoutes:
-    """ASGI middleware, the innermost: POST /v1/chat/completions and /v1/completions with
-    a JSON body that validates go straight to their handlers (the same as the routes
-    above), past FastAPI's exception middlewares, router and dependency solver: those
-    were a third of a relayed request's own time before its upstream call (0.36 ms of
-    the gateway's ~1.1 ms at one stream). The body is parsed and validated in one pass
-    (pydantic-core). Anything else, and any body that does not validate, goes the
-    regular way with its messages replayed, so errors are exactly the regular ones;
-    an exception from a handler is answered by the app's handler for it, as
-    FastAPI's ExceptionMiddleware would (anything without one propagates the same)."""
-
-    ROUTES: dict[str, tuple[type[ChatCompletionRequest] | type[CompletionRequest], str]] = {
-        "/v1/chat/completions": (ChatCompletionRequest, "chat"),
-        "/v1/completions": (CompletionRequest, "text")}
-
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        route = self.ROUTES.get(scope["path"]) if scope["type"] == "http" else None
-        if route is None or scope["method"] != "POST" or not json_body(scope):
-            await self.app(scope, receive, send)
-            return
-        messages: list[Message] = []
-        while True:
-            message = await receive()
-            messages.append(message)
-            if message["type"] != "http.request" or not message.get("more_body", False):
-                break
-        try:
-            if message["type"] != "http.request":
-                raise ValueError("no whole body")
-            raw = b"".join(m.get("body", b"") for m in messages)
-            body = route[0].model_validate_json(raw)
-        except ValueError:  # pydantic's ValidationError is one: the regular way answers
-            await self.app(scope, replay(messages, receive), send)
-            return
-        await serve_direct(scope, receive, send, body, route[1])
-
-
-async def serve_direct(scope: Scope, receive: Receive, send: Send,
-                       body: ChatCompletionRequest | CompletionRequest, gen_kind: str,
-                       outermost: bool = False) -> None:
-    """Answer a completion request whose body has validated, as its route would. An
-    exception is answered by the app's handler for it, as FastAPI's ExceptionMiddleware
-    would; `outermost` (no Starlette middleware outside: see api/fastlane.py) also
-    answers anything else with the app's `Exception` handler and raises it again, as
-    Starlette's ServerErrorMiddleware does (the server logs it)."""
-    request = Request(scope, receive)
-    try:
-        response = await _handle(request, body, gen_kind)
-    except Exception as exc:
-        handler = _handler_for(request.app, exc)
-        if handler is not None:
-            response = await handler(request, exc)
-        elif outermost and Exception in request.app.exception_handlers:
-            await (await request.app.exception_handlers[Exception](request, exc))(scope, receive, send)
-            raise
-        else:
-            raise
-    await response(scope, receive, send)
-
-
-def json_body(scope: Scope) -> bool:
-    for name, value in scope["headers"]:
-        if name == b"content-type":
-            return value.split(b";", 1)[0].strip().lower() == b"application/json"
-    return False
-
-
-def replay(messages: list[Message], receive: Receive) -> Receive:
-    pending = list(messages)
-
-    async def replayed() -> Message:
-        return pending.pop(0) if pending else await receive()
-    return replayed
-
-
-def _handler_for(app: Any, exc: Exception) -> Callable[..., Any] | None:
-    """The app's exception handler for `exc`, as Starlette's ExceptionMiddleware finds
-    it (by the exception's classes, most derived first); `Exception`'s own handler is the
-    server-error middleware's, outside: not taken here."""
-    handlers = app.exception_handlers
-    for cls in type(exc).__mro__:
-        if cls is Exception:
-            return None
-        if cls in handlers:
-            return handlers[cls]  # type: ignore[no-any-return]
-    return None
-
-
-async def _serve(request: Request, *, gen_kind: str, body: Any, gen: Any,
-                 request_id: str | None) -> Response:
-    pipeline = _pipeline(request)
+    capabilities.check(services.config, gen, AUTO)
+    pipeline = services.pipeline
     if jobs_routes.wants_job(body, gen, pipeline):  # tier B or "background": 202 + a job
         return await jobs_routes.accept(request, body, gen, gen_kind)
-    request_id = request_id or gen.id
-    streams: StreamManager = request.app.state.streams
-    made: list[_StreamParts] = []  # made while the first token is awaited, if it was
-
-    def prepare(model: str, tier: str) -> None:
-        if not made:
-            made.append(_StreamParts(gen, gen_kind, body.include_usage, streams, model, tier))
-
-    try:
-        completion = await pipeline.complete(gen, on_routed=prepare if body.stream else None)
-    except WouldMiss:  # allow_background: a job now beats a first token past the budget
+    await reserve_tokens(services.limiter, request.scope, gen)  # a job is charged as it runs
+    request_id = asked.get(b"x-request-id") or gen.id
+    streams = services.streams
+    prepared = await pipeline.prepare(gen)  # arm, cache, route plan: nothing sent yet
+    if prepared.would_miss:  # allow_background: a job now beats a first token past the budget
         response = await jobs_routes.accept(request, body, gen, gen_kind)
         response.headers["X-Redline-Degraded"] = "background"
         return response
-    if body.stream:
-        parts = made[0] if made else None
-        if parts is None or (parts.model, parts.tier) != (completion.model, completion.tier):
+    parts = (_StreamParts(gen, gen_kind, body.include_usage, streams, prepared.model, prepared.tier)
+             if body.stream else None)
+    completion = await pipeline.open(prepared)
+    if parts is not None:
+        if (parts.model, parts.tier) != (completion.model, completion.tier):  # a fallback
             parts = _StreamParts(gen, gen_kind, body.include_usage, streams, completion.model,
                                  completion.tier)
-        made.append(parts)  # non-empty: a late prepare() does nothing
         stream_id = new_id("strm")
         headers = _headers(completion, request_id) | {
             "X-Redline-Stream-Id": stream_id, "Cache-Control": "no-cache",
@@ -236,7 +128,7 @@ async def _serve(request: Request, *, gen_kind: str, body: Any, gen: Any,
         except StopAsyncIteration:
             pass
         except BaseException:  # cancelled while a first chunk without text waits for more
-            await events.aclose()  # closes the chunks: frees the upstream or engine sequence
+            await aclose(events)  # closes the chunks: frees the upstream or engine sequence
             raise
         live = streams.start(stream_id, events, tenant=gen.tenant, first=first)
         through = WriteThrough()  # the producer writes the tokens once the response is under way
@@ -305,10 +197,7 @@ async def _sse(c: Completion, encoder: ChunkEncoder, stream_id: str,
                             "type": "server_error", "param": None, "code": None}})
     finally:
         # abandoned (closed early): close the chunks now, which frees the engine sequence
-        close = getattr(c.chunks, "aclose", None)
-        if close is not None:
-            with contextlib.suppress(RuntimeError):
-                await close()
+        await aclose(c.chunks)
     yield ev(sse.DONE)
 
 

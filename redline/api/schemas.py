@@ -15,6 +15,7 @@ import orjson
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from redline.errors import InvalidRequest
+from redline.routing.names import parse_tier
 from redline.types import (
     NO_EXTRA,
     Extra,
@@ -312,4 +313,4 @@ def _schema_error(canonical: bytes) -> str | None:
 
 
 def _tier(value: str | None) -> Any:
-    return None if value in (None, "auto") else value
+    return parse_tier(value)  # routing/names.py: the one tier parser

@@ -27,23 +27,15 @@ import h11
 import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-try:  # llhttp in C: a fraction of h11's cost per request and per streamed chunk
-    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
-except ImportError:  # httptools is not installed
-    HttpToolsProtocol = None
+# llhttp in C (httptools, a dependency): a fraction of h11's cost per request and chunk
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from redline.api.sse import BODY_IN, HOLD_HEAD, WRITE_NOW, expose_raw_send
+from redline.api.services import Inflight
+from redline.api.sse import HOLD_HEAD, OFFERS, WRITE_NOW
 from redline.config import LimitsConfig
 from redline.errors import Overloaded
 
 log = logging.getLogger(__name__)
-
-
-class Inflight:
-    """How many /v1/* requests are being served (a stream counts until its last byte)."""
-
-    def __init__(self) -> None:
-        self.n = 0
 
 
 class CountInflight:
@@ -90,7 +82,8 @@ class _HeaderDeadline:
     def _awaiting_headers(self) -> bool:
         raise NotImplementedError
 
-    def connection_made(self, transport: asyncio.Transport) -> None:
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # the uvicorn protocol's, after this mixin in the class's bases (mypy sees object's)
         super().connection_made(transport)  # type: ignore[misc]
         if len(self.connections) > self.max_connections:
             self.app = _overloaded  # this connection's request gets a 503, then it closes
@@ -99,11 +92,11 @@ class _HeaderDeadline:
     def on_response_complete(self) -> None:
         if not self.transport.is_closing():
             self._arm()  # the next request on this connection gets its own deadline
-        super().on_response_complete()  # type: ignore[misc]
+        super().on_response_complete()  # type: ignore[misc]  # the protocol's (above)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
-        super().connection_lost(exc)  # type: ignore[misc]
+        super().connection_lost(exc)  # type: ignore[misc]  # the protocol's (above)
 
     def _arm(self) -> None:
         self._disarm()
@@ -125,7 +118,7 @@ class GuardedH11(_HeaderDeadline, H11Protocol):
 
     def _awaiting_headers(self) -> bool:
         # IDLE: no complete request line + headers yet (h11 buffers partial ones)
-        return self.conn.their_state is h11.IDLE  # type: ignore[no-any-return]
+        return bool(self.conn.their_state is h11.IDLE)
 
     def handle_events(self) -> None:
         super().handle_events()
@@ -133,30 +126,46 @@ class GuardedH11(_HeaderDeadline, H11Protocol):
             self._disarm()
 
 
-if HttpToolsProtocol is not None:
-    class GuardedHttpTools(_HeaderDeadline, HttpToolsProtocol):  # type: ignore[misc,valid-type]
-        """uvicorn's httptools protocol with the same header deadline and connection cap."""
+class GuardedHttpTools(_HeaderDeadline, HttpToolsProtocol):
+    """uvicorn's httptools protocol with the same header deadline and connection cap."""
 
-        _in_headers = True  # the next request's headers are not complete yet
+    _in_headers = True  # the next request's headers are not complete yet
 
-        def _arm(self) -> None:
-            if self.pipeline:  # a pipelined request's headers are complete already:
-                return  # it is served next, not cut at a deadline for headers
-            self._in_headers = True
-            super()._arm()
+    def _arm(self) -> None:
+        if self.pipeline:  # a pipelined request's headers are complete already:
+            return  # it is served next, not cut at a deadline for headers
+        self._in_headers = True
+        super()._arm()
 
-        def _awaiting_headers(self) -> bool:
-            return self._in_headers
+    def _awaiting_headers(self) -> bool:
+        return self._in_headers
 
-        def on_headers_complete(self) -> None:
-            self._in_headers = False
-            self._disarm()
-            super().on_headers_complete()
-            cycle = self.cycle
-            if cycle is not None and cycle.scope is self.scope:  # not an upgrade
-                self.scope[HOLD_HEAD] = lambda: _HeldWrite(cycle).release
-                self.scope[WRITE_NOW] = _write_now(cycle)
-                self.scope[BODY_IN] = lambda: not cycle.more_body
+    def on_response_complete(self) -> None:
+        _withdraw(self.cycle)
+        super().on_response_complete()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        _withdraw(self.cycle)
+        super().connection_lost(exc)
+
+    def on_headers_complete(self) -> None:
+        self._in_headers = False
+        self._disarm()
+        super().on_headers_complete()
+        cycle = self.cycle
+        if cycle is not None and cycle.scope is self.scope:  # not an upgrade
+            # the server's offers to EventStream (api/sse.py), an ASGI extension
+            self.scope.setdefault("extensions", {})[OFFERS] = {
+                HOLD_HEAD: lambda: _HeldWrite(cycle).release, WRITE_NOW: _write_now(cycle)}
+
+
+def _withdraw(cycle: Any) -> None:
+    """Take the offers back from a response's scope: each closes over the cycle that
+    holds the scope, a reference cycle that only the collector would free (a 5-10 ms
+    pause every second or so under load)."""
+    extensions = cycle.scope.get("extensions") if cycle is not None else None
+    if extensions:
+        extensions.pop(OFFERS, None)
 
 
 def _write_now(cycle: Any) -> Callable[[bytes], bool]:
@@ -183,7 +192,8 @@ class _HeldWrite:
     __slots__ = ("cycle", "real", "held")
 
     def __init__(self, cycle: Any) -> None:
-        self.cycle, self.real, self.held = cycle, cycle.transport, None
+        self.cycle, self.real = cycle, cycle.transport
+        self.held: bytes | None = None
         cycle.transport = self
 
     def write(self, data: bytes) -> None:
@@ -206,7 +216,7 @@ class _HeldWrite:
 
 
 def protocol(limits: LimitsConfig) -> type[asyncio.Protocol]:
-    base: type[asyncio.Protocol] = GuardedH11 if HttpToolsProtocol is None else GuardedHttpTools
+    base: type[asyncio.Protocol] = GuardedHttpTools
     return type(base.__name__, (base,), {"header_timeout_s": limits.header_timeout_s,
                                          "max_connections": limits.max_connections})
 
@@ -255,10 +265,8 @@ def _loop() -> str:
 
 def build(app: Any, host: str, port: int, limits: LimitsConfig, log_level: str = "info") -> DrainingServer:
     """A server for `app` (made by `create_app`, which installs `app.state.inflight`)."""
-    from redline.api.fastlane import FastLane
-
     config = uvicorn.Config(
-        expose_raw_send(FastLane(app)), host=host, port=port, log_level=log_level, access_log=False,
+        app, host=host, port=port, log_level=log_level, access_log=False,
         http=protocol(limits), lifespan="on", loop=_loop(),
         timeout_keep_alive=int(max(1, limits.keep_alive_s)),
         # the drain already waited for running requests; what is left after it is cut

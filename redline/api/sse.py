@@ -8,47 +8,21 @@ from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
 
 from starlette.responses import Response
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import Receive, Scope, Send
 
 DONE = "[DONE]"
-# the server's own `send`, in the scope (see `expose_raw_send`)
-RAW_SEND = "redline.raw_send"
-# where the server offers it (api/server.py): a callable that makes the connection hold
-# its next write (the response head) and send it with the one after (the first body
-# chunk); it returns a release() that sends whatever is still held
-HOLD_HEAD = "redline.hold_head"
-# where the server offers it: `write_now(chunk) -> bool` writes one body chunk of the
-# started response at once, from any task, or returns False when it must go the regular
-# way (through `send`, which waits while the client reads slowly)
-WRITE_NOW = "redline.write_now"
-# where the server offers it: `body_in() -> bool`, True once the request's whole body has
-# been received (`receive` then returns it without waiting)
-BODY_IN = "redline.body_in"
-
-
-def expose_raw_send(app: ASGIApp) -> ASGIApp:
-    """Put the server's `send` in each HTTP scope, for EventStream's body chunks. Every
-    middleware in between wraps `send` only to see the response start (or to drop
-    messages after a 413, which comes before any response); each wrapper is a coroutine
-    call per relayed token."""
-
-    async def with_raw_send(scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await app(scope, receive, send)
-            return
-        scope[RAW_SEND] = send
-        try:
-            await app(scope, receive, send)
-        finally:
-            # the server's send is a method of the object that holds this scope (and the
-            # server's hooks close over it): left here, each is a reference cycle, garbage
-            # that only the collector frees (a 5-10 ms pause every second or so under load)
-            del scope[RAW_SEND]
-            scope.pop(HOLD_HEAD, None)
-            scope.pop(WRITE_NOW, None)
-            scope.pop(BODY_IN, None)
-
-    return with_raw_send
+# What the HTTP server (api/server.py) offers a response: an ASGI extension, a dict in
+# `scope["extensions"][OFFERS]`; absent under any other server (EventStream then just
+# uses `send`). This is the one interface between the socket and the rest of redline.
+OFFERS = "redline.response"
+# HOLD_HEAD: a callable that makes the connection hold its next write (the response head)
+# and send it with the one after (the first body chunk); it returns a release() that
+# sends whatever is still held
+HOLD_HEAD = "hold_head"
+# WRITE_NOW: `write_now(chunk) -> bool` writes one body chunk of the started response at
+# once, from any task, or returns False when it must go the regular way (through `send`,
+# which waits while the client reads slowly)
+WRITE_NOW = "write_now"
 
 
 # one encoder for all events: json.dumps with any non-default argument builds a new one per call
@@ -114,15 +88,15 @@ class EventStream(Response):
         # first token's path is short); else now, for a client that leaves before it
         watcher = None if self.first_ready else loop.create_task(watch())
         finished = False
-        hold = scope.get(HOLD_HEAD) if self.first_ready else None
+        offers = (scope.get("extensions") or {}).get(OFFERS) or {}
+        hold = offers.get(HOLD_HEAD) if self.first_ready else None
         release = hold() if hold is not None else None
         try:
             await send({"type": "http.response.start", "status": self.status_code,
                         "headers": self.raw_headers})
-            body = scope.get(RAW_SEND, send)  # past the middlewares once the response started
             first = True
             async for chunk in self.body_iterator:
-                await body({"type": "http.response.body", "body": chunk, "more_body": True})
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
                 if first:
                     first = False
                     if release is not None:  # sent with the head; later chunks go as they come
@@ -130,9 +104,9 @@ class EventStream(Response):
                         release = None
                     if watcher is None:
                         watcher = loop.create_task(watch())
-                    write_now = scope.get(WRITE_NOW) if self.on_started is not None else None
-                    if write_now is not None:
-                        self.on_started(write_now)  # type: ignore[misc]
+                    write_now = offers.get(WRITE_NOW) if self.on_started is not None else None
+                    if write_now is not None and self.on_started is not None:
+                        self.on_started(write_now)
             finished = True
             await send({"type": "http.response.body", "body": b"", "more_body": False})
         except asyncio.CancelledError:

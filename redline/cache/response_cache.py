@@ -39,8 +39,8 @@ from redline.types import Chunk, GenerationRequest, Usage
 
 if TYPE_CHECKING:
     from redline.config import CacheConfig
-    from redline.pipeline import Completion
     from redline.telemetry.metrics import Metrics
+    from redline.types import Finished
 
 log = logging.getLogger(__name__)
 
@@ -200,7 +200,7 @@ class ResponseCache:
         return Lookup("miss")
 
     # -- store -----------------------------------------------------------------
-    def on_finish(self, completion: Completion) -> None:
+    def on_finish(self, completion: Finished) -> None:
         """Observer: store an answer that was looked up, missed, and finished well."""
         req = completion.request
         cut_short = completion.finish_reason == "length" and \
@@ -210,7 +210,7 @@ class ResponseCache:
             self._vectors.pop(req.id, None)
             return
         usage = completion.usage
-        answer = CachedAnswer(completion.model, "".join(completion.text), completion.finish_reason,
+        answer = CachedAnswer(completion.model, completion.text, completion.finish_reason,
                               usage.prompt_tokens if usage else 0,
                               usage.completion_tokens if usage else completion.output_tokens,
                               None, time.time())

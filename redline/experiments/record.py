@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from redline.pipeline import Completion
+    from redline.types import Finished
 
 
 @dataclass
@@ -28,7 +28,7 @@ class ArmRecord:
         for name in ("ttft", "tpot", "e2e", "outcomes"):
             setattr(self, name, deque(maxlen=self.max_samples))
 
-    def add(self, c: Completion) -> None:
+    def add(self, c: Finished) -> None:
         if c.status == "499":
             outcome = "interrupted"
         elif c.status != "200":
@@ -43,7 +43,7 @@ class ArmRecord:
         if c.ttft_s is not None:
             self.ttft.append(c.ttft_s)
         if c.status == "200":  # latency of answers that finished, as the Prometheus histograms
-            total = c.timings.seconds.get("total")
+            total = c.total_s
             if total is not None:
                 self.e2e.append(total)
                 if c.ttft_s is not None and c.output_tokens > 1:
@@ -61,8 +61,8 @@ class Recorder:
         self.arms: dict[str, ArmRecord] = {}
         self._lock = threading.Lock()  # on_finish may run on any task; snapshots on another
 
-    def on_finish(self, completion: Completion) -> None:
-        label = getattr(completion, "arm", None)
+    def on_finish(self, completion: Finished) -> None:
+        label = completion.arm
         if label is None:
             return
         with self._lock:

@@ -11,6 +11,7 @@ from redline.config import ExperimentsConfig
 from redline.experiments import stats
 from redline.experiments.assign import Assignment, apply, choose, unit_of
 from redline.experiments.record import Recorder
+from redline.routing.names import AUTO
 from redline.types import GenerationRequest
 
 LATENCY = ("ttft", "tpot", "e2e")
@@ -19,7 +20,7 @@ RATES = ("completed", "interrupted")
 
 class Experiments:
     def __init__(self, cfg: ExperimentsConfig, models: Iterable[str]) -> None:
-        known = set(models) | {"auto"}
+        known = set(models) | {AUTO}
         for exp in cfg.active:
             for arm in exp.arms:
                 if arm.model is not None and arm.model not in known:
@@ -48,7 +49,8 @@ class Experiments:
         alpha = self.cfg.alpha
         out = []
         for exp in self.cfg.active:
-            arms, data = [], {}
+            arms: list[dict[str, Any]] = []
+            data: dict[str, dict[str, Any]] = {}
             for arm in exp.arms:
                 ttft, tpot, e2e, outcomes, hits = self.recorder.copy(f"{exp.name}:{arm.name}")
                 n = len(outcomes)

@@ -50,7 +50,8 @@ class HfRunner:
     def _logits(self, ids: list[int]) -> np.ndarray:
         with self.torch.inference_mode():
             out = self.model(self.torch.tensor([ids]))
-        return out.logits[0].float().numpy()  # [len(ids), vocab]
+        logits: np.ndarray = out.logits[0].float().numpy()  # [len(ids), vocab]
+        return logits
 
     def score(self, window: list[int]) -> TokenScores:
         feed = self._with_bos(window)

@@ -52,4 +52,5 @@ def logsumexp_rows(logits: np.ndarray) -> np.ndarray:
     """[n, vocab] → [n], in float64 so long vocabularies do not lose precision."""
     x = logits.astype(np.float64, copy=False)
     m = x.max(axis=-1, keepdims=True)
-    return (m + np.log(np.exp(x - m).sum(axis=-1, keepdims=True)))[..., 0]
+    out: np.ndarray = (m + np.log(np.exp(x - m).sum(axis=-1, keepdims=True)))[..., 0]
+    return out

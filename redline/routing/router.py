@@ -1,12 +1,16 @@
 """The router: from a request to a first token, on the model and replica that can meet
 the request's tier budget.
 
-    decide (tier, candidate models) → admit → plan (predicted TTFT/total per model)
-    → open on a replica (hedged for tier S) → on an error before the first token,
-      retry within the retry budget on another replica, then down the fallback chain
+    plan(request): decide (tier, candidate models) → predict TTFT/total per model
+                   → a RoutePlan (model order, predictions, or "would miss")
+    open(plan):    admit → open on a replica (hedged for tier S) → on an error before
+                   the first token, retry within the retry budget on another replica,
+                   then down the fallback chain
 
-`open()` returns once the first chunk is there; the rest of the stream is observed to
-keep the live estimates and the SLO-violation counter honest.
+The caller sees the plan before anything is sent (the api prepares a stream's parts
+from it, or turns a plan that would miss its tier's budget into a job): no callback up,
+no exception as a routing decision. `open()` returns once the first chunk is there; the
+rest of the stream is observed to keep the live estimates honest.
 """
 
 from __future__ import annotations
@@ -16,13 +20,14 @@ import dataclasses
 import logging
 import re
 import time
-from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping
+from collections.abc import AsyncIterator, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 
 from redline.backends.base import Backend
 from redline.backends.pool import PoolBackend, replicas_of
-from redline.config import RoutingConfig
-from redline.errors import BackendError, InvalidRequest, ModelNotFound, RedlineError
+from redline.closing import aclose
+from redline.config import RoutingConfig, TierBudget
+from redline.errors import BackendError, InvalidRequest, RedlineError
 from redline.routing.admission import Admission
 from redline.routing.breaker import Breakers
 from redline.routing.budget import RatioBudget
@@ -30,22 +35,32 @@ from redline.routing.capabilities import Capabilities, required
 from redline.routing.classifier import Classifier, Decision
 from redline.routing.estimates import Estimates, Prediction, slowdown_of
 from redline.routing.hedge import Opened, hedged
+from redline.routing.names import AUTO, check_model, resolve_model
 from redline.routing.planner import Plan, plan
 from redline.telemetry.metrics import Metrics
 from redline.types import Chunk, GenerationRequest
 
 log = logging.getLogger(__name__)
 
-AUTO = "auto"
 
 
-class WouldMiss(Exception):
-    """No model is predicted to give this request its first token within its tier's
-    budget, and the client allows a background job instead (`allow_background`)."""
+@dataclass(frozen=True)
+class RoutePlan:
+    """Where a request will go, decided before anything is sent."""
 
-    def __init__(self, tier: str, predicted_ttft_s: float) -> None:
-        super().__init__(f"tier {tier}: predicted TTFT {predicted_ttft_s:.2f} s is over budget")
-        self.tier, self.predicted_ttft_s = tier, predicted_ttft_s
+    request: GenerationRequest  # as it will be sent (max_tokens shortened by the planner)
+    tier: str
+    order: tuple[str, ...]  # models to try, best first
+    predicted: Prediction | None  # the first model's predicted TTFT/total (slo mode)
+    degraded: bool  # no model is predicted to meet the tier's budget
+    # ... and the client allows a background job instead (`allow_background`): the
+    # caller answers with a job rather than open() a late first token
+    would_miss: bool
+    route_s: float  # deciding and planning
+
+    @property
+    def model(self) -> str:
+        return self.order[0]
 
 
 @dataclass
@@ -86,9 +101,11 @@ class Router:
         self.breakers = Breakers(config.breaker_threshold, config.breaker_ttl_s,
                                  on_change=lambda name, opened: metrics.backend_up.labels(name).set(
                                      0 if opened else 1))
+        shed_at: dict[str, float] = {t: share for t, share in config.shed_at.items()}
+        # by tier name as requests carry it (the config's keys are the Literal S/A/B)
+        self._budgets: dict[str, TierBudget] = {t: b for t, b in config.tiers.items()}
         self.admission = Admission(config.max_inflight,
-                                   {t: b.max_inflight for t, b in config.tiers.items()},
-                                   config.shed_at)
+                                   {t: b.max_inflight for t, b in config.tiers.items()}, shed_at)
         self.retries = RatioBudget(config.retry_budget, burst=20.0, initial=10.0)
         self.hedges = RatioBudget(config.hedge_budget, burst=3.0, initial=1.0)
         self.classifier = classifier
@@ -112,13 +129,12 @@ class Router:
         """The tier to serve and the candidate models, best first: only models that have
         every capability the request needs (a chat request never goes to a base model)."""
         name = request.model
-        if name != AUTO and name not in self.backends:
-            raise ModelNotFound(f"The model `{name}` does not exist.", param="model")
+        check_model(name, self.backends)
         needs = required(request)
         if name != AUTO:
             self.capabilities.check(name, needs)
         if not self.slo:  # FCFS, no tiers: the named (or default) model, its fallbacks
-            model = self.default_model if name == AUTO else name
+            model = resolve_model(name, self.backends, self.default_model)
             if name == AUTO and not self.capabilities.serves(model, needs):
                 model = self._first_serving(needs)
             return request.tier or "S", self._chain(model, needs), None
@@ -189,48 +205,55 @@ class Router:
             return min(self.estimates.of(r).tpot_s * slowdown_of(r)
                        for r in replicas_of(self.backends[model]))
 
-        return plan(tier, self.cfg.tiers[tier], candidates,  # type: ignore[index]
+        return plan(tier, self._budgets[tier], candidates,
                     lambda m: self.predict(m, n_prompt, max_tokens), max_tokens, tpot_of,
                     self.cfg.shorten)
 
     # -- serving --------------------------------------------------------------------
 
-    async def open(self, request: GenerationRequest,
-                   on_routed: Callable[[str, str], None] | None = None) -> Routed:
-        """Route `request` and return at its first chunk. `on_routed(model, tier)` is
-        called with the first choice from the event loop, after this task has sent the
-        request upstream and waits: the caller's preparations (a stream's prediction,
-        its chunk template) are then not on the first token's path. The model that
-        answers may still differ (a retry, a fallback, a hedge)."""
+    def resolve(self, name: str) -> str:
+        """The served model `name` stands for before routing (`auto`: the default);
+        ModelNotFound for one not served."""
+        return resolve_model(name, self.backends, self.default_model)
+
+    def plan(self, request: GenerationRequest) -> RoutePlan:
+        """Decide the tier and the models to try, and predict whether they meet the
+        tier's budget. Nothing is sent, nothing is admitted."""
         t0 = time.perf_counter()
         tier, candidates, _ = self.decide(request)
+        p = self._plan(tier, candidates, request)
+        would_miss = False
+        if p.degraded and p.predicted is not None:
+            budget = self._budgets[tier]
+            late = budget.ttft_s is not None and p.predicted.ttft_s > budget.ttft_s
+            would_miss = late and request.allow_background and tier != "B"
+            how = ("background" if would_miss
+                   else "shorten" if p.max_tokens is not None else "fastest")
+            self.metrics.degradations.labels(tier, how).inc()
+        req = request
+        if p.max_tokens is not None and not would_miss:
+            req = dataclasses.replace(request, sampling=dataclasses.replace(
+                request.sampling, max_tokens=p.max_tokens))
+        return RoutePlan(req, tier, p.order, p.predicted, p.degraded, would_miss,
+                         time.perf_counter() - t0)
+
+    async def open(self, plan: RoutePlan) -> Routed:
+        """Serve `plan` and return at its first chunk. The model that answers may differ
+        from the plan's first (a retry, a fallback, a hedge)."""
+        tier = plan.tier
         if self.slo:
             self.admission.admit(tier)
         try:
             self.retries.deposit()
-            p = self._plan(tier, candidates, request)
-            if p.degraded and p.predicted is not None:
-                budget = self.cfg.tiers[tier]  # type: ignore[index]
-                late = budget.ttft_s is not None and p.predicted.ttft_s > budget.ttft_s
-                if late and request.allow_background and tier != "B":
-                    self.metrics.degradations.labels(tier, "background").inc()
-                    raise WouldMiss(tier, p.predicted.ttft_s)
-                self.metrics.degradations.labels(
-                    tier, "shorten" if p.max_tokens is not None else "fastest").inc()
-            route_s = time.perf_counter() - t0
-            if on_routed is not None:
-                asyncio.get_running_loop().call_soon(on_routed, p.order[0], tier)
-            req = request
-            if p.max_tokens is not None:
-                req = dataclasses.replace(request, sampling=dataclasses.replace(
-                    request.sampling, max_tokens=p.max_tokens))
-            model, call, was_hedged, attempts = await self._first_token(req, tier, p.order)
+            model, call, was_hedged, attempts = await self._first_token(plan.request, tier,
+                                                                        plan.order)
         except BaseException:
             if self.slo:
                 self.admission.release(tier)
             raise
-        rest = _Tail(self, tier, call, request.arrival)
-        return Routed(model, tier, call.first, rest, was_hedged, attempts, p.degraded, route_s)
+        rest = _Tail(self, tier, call, plan.request.arrival)
+        return Routed(model, tier, call.first, rest, was_hedged, attempts, plan.degraded,
+                      plan.route_s)
 
     def _targets(self, order: tuple[str, ...],
                  req: GenerationRequest | None = None) -> Iterator[tuple[str, Backend]]:
@@ -309,7 +332,7 @@ class Router:
                 if first.finish_reason == "error":
                     raise BackendError(f"{self.label(replica)}: {first.error or 'failed'}")
         except BaseException:
-            await _aclose(it)
+            await aclose(it)
             raise
         t_first = time.perf_counter()
         # learnt after this step, which writes the first token to the client: the
@@ -317,7 +340,7 @@ class Router:
         asyncio.get_running_loop().call_soon(
             self.estimates.of(replica).observe_ttft, t_first - t0, load, _prompt_tokens(req),
             slowdown)
-        return Opened(_Call(replica, first, it, t_first, slowdown), lambda: _aclose(it))
+        return Opened(_Call(replica, first, it, t_first, slowdown), lambda: aclose(it))
 
     def finish(self, tier: str, call: _Call, arrival: float, tokens: int, ok: bool) -> None:
         if self.slo:
@@ -371,18 +394,9 @@ class _Tail:
             return
         self.closed = True
         try:
-            await _aclose(self.call.rest)
+            await aclose(self.call.rest)
         finally:
             self.router.finish(self.tier, self.call, self.arrival, self.tokens, self.ok)
-
-
-async def _aclose(it: AsyncIterator[Chunk]) -> None:
-    close = getattr(it, "aclose", None)
-    if close is not None:
-        try:
-            await close()
-        except RuntimeError:  # running in another task; it stops on its own
-            pass
 
 
 def _last_user_text(request: GenerationRequest) -> str:

@@ -3,22 +3,23 @@
 Each protocol method is one round trip; the ones that set a TTL alongside a write use a
 MULTI/EXEC pipeline so the TTL can never be lost between two commands. Connection and
 timeout failures become `StoreUnavailable`, so callers can fail open; after one, a
-breaker answers `StoreUnavailable` at once for `BREAKER_S` instead of trying Redis on
-every call (a dead or unreachable Redis would otherwise cost each request a connect).
+breaker (redline/breaker.py) answers `StoreUnavailable` at once for `BREAKER_S`, then lets
+one call at a time try Redis, instead of trying it on every call (a dead or unreachable
+Redis would otherwise cost each request a connect).
 """
 
 from __future__ import annotations
 
 import inspect
-import time
 from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import redis.asyncio as aioredis
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from redline.breaker import CircuitBreaker
 from redline.store.base import StoreUnavailable
 
 T = TypeVar("T")
@@ -36,24 +37,31 @@ class RedisStore:
         # URL query parameters (e.g. ?socket_timeout=5) win over these defaults
         self._r = aioredis.Redis.from_url(url, socket_connect_timeout=2.0, socket_timeout=2.0,
                                           health_check_interval=30)
-        self.open_until = 0.0  # the breaker: fail fast until then
+        # one failed connection opens it: a dead Redis fails each call fast after that
+        self.breaker = CircuitBreaker(threshold=1, ttl_s=BREAKER_S)
 
     @property
     def available(self) -> bool:
-        return time.monotonic() >= self.open_until
+        return not self.breaker.is_open
 
     async def _call(self, aw: Awaitable[T]) -> T:
-        if not self.available:
+        if not self.breaker.acquire():
             if inspect.iscoroutine(aw):
                 aw.close()
             raise StoreUnavailable("redis store: unavailable (breaker open)")
         try:
-            return await aw
+            result = await aw
         except (RedisConnectionError, RedisTimeoutError) as exc:
-            self.open_until = time.monotonic() + BREAKER_S
+            self.breaker.failure()
             raise StoreUnavailable(f"redis store: {type(exc).__name__}: {exc}") from exc
-        except RedisError as exc:
+        except RedisError as exc:  # Redis answered (a command error): it is up
+            self.breaker.success()
             raise StoreUnavailable(f"redis store: {type(exc).__name__}: {exc}") from exc
+        except BaseException:  # cancelled: proved nothing
+            self.breaker.release()
+            raise
+        self.breaker.success()
+        return result
 
     async def _tx(self, build: Callable[[Any], object]) -> list[Any]:
         """Run the commands that `build` queues on a MULTI/EXEC pipeline."""
@@ -62,7 +70,8 @@ class RedisStore:
         return await self._call(pipe.execute())
 
     async def get(self, key: str) -> bytes | None:
-        return await self._call(self._r.get(key))  # type: ignore[no-any-return]
+        value = await self._call(self._r.get(key))
+        return value.encode() if isinstance(value, str) else value  # bytes: no decode_responses
 
     async def set(self, key: str, value: bytes, ttl: float | None = None) -> None:
         await self._call(self._r.set(key, value, px=None if ttl is None else _ms(ttl)))
@@ -82,7 +91,7 @@ class RedisStore:
 
     async def extend(self, key: str, values: list[bytes], ttl: float | None = None) -> int:
         if ttl is None:
-            return int(await self._call(self._r.rpush(key, *values)))  # type: ignore[misc]
+            return int(await self._call(self._r.rpush(key, *values)))
         out = await self._tx(lambda p: p.rpush(key, *values).pexpire(key, _ms(ttl)))
         return int(out[0])
 
@@ -99,23 +108,25 @@ class RedisStore:
             await self._tx(build)
 
     async def range(self, key: str, start: int = 0) -> list[bytes]:
-        return list(await self._call(self._r.lrange(key, max(start, 0), -1)))  # type: ignore[arg-type]
+        # no decode_responses: every reply is bytes (redis-py types them bytes | str)
+        replies = cast("Awaitable[list[bytes]]", self._r.lrange(key, max(start, 0), -1))
+        return list(await self._call(replies))
 
     async def hset(self, key: str, field: str, value: bytes, ttl: float | None = None) -> None:
         if ttl is None:
-            await self._call(self._r.hset(key, field, value))  # type: ignore[arg-type]
+            await self._call(self._r.hset(key, field, value))
         else:
             await self._tx(lambda p: p.hset(key, field, value).pexpire(key, _ms(ttl)))
 
     async def hgetall(self, key: str) -> dict[str, bytes]:
-        raw = await self._call(self._r.hgetall(key))  # type: ignore[arg-type]
+        raw = await self._call(cast("Awaitable[dict[bytes, bytes]]", self._r.hgetall(key)))
         return {k.decode(): v for k, v in raw.items()}
 
     async def hdel(self, key: str, field: str) -> None:
-        await self._call(self._r.hdel(key, field))  # type: ignore[arg-type]
+        await self._call(self._r.hdel(key, field))
 
     async def ping(self) -> bool:
-        return bool(await self._call(self._r.ping()))  # type: ignore[arg-type]
+        return bool(await self._call(self._r.ping()))
 
     async def close(self) -> None:
         await self._r.aclose()

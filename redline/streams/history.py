@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING
 from redline.types import GenerationRequest
 
 if TYPE_CHECKING:  # the pipeline is a higher layer; only its type is needed here
-    from redline.pipeline import Completion
+    from redline.types import Finished
 
 WINDOW = 200
 MIN_SAMPLES = 5
@@ -146,12 +146,12 @@ class LengthHistory:
             old = self._tpot.get(model)
             self._tpot[model] = tpot_s if old is None else old + TPOT_ALPHA * (tpot_s - old)
 
-    def on_finish(self, completion: Completion) -> None:
+    def on_finish(self, completion: Finished) -> None:
         if completion.status != "200" or completion.finish_reason not in ("stop", "length"):
             return
         tokens = completion.output_tokens
         tpot = None
-        total = completion.timings.seconds.get("total")
+        total = completion.total_s
         if completion.cache == "miss" and tokens > 1 and total and completion.ttft_s is not None:
             tpot = (total - completion.ttft_s) / (tokens - 1)
         self.record(completion.request, completion.model, completion.tier, tokens, tpot)

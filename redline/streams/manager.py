@@ -35,6 +35,7 @@ import os
 import time
 from collections.abc import AsyncIterator, Callable
 
+from redline.closing import aclose
 from redline.config import StreamsConfig
 from redline.errors import NotFound
 from redline.store.base import Store, StoreUnavailable
@@ -115,7 +116,7 @@ class StreamManager:
             log.exception("stream %s: producer failed", live.id)
         finally:
             with contextlib.suppress(Exception):
-                await _aclose(events)  # frees the engine sequence if still running
+                await aclose(events)  # frees the engine sequence if still running
             live.end(aborted=aborted)
             journaled = False
             if aborted:
@@ -324,9 +325,3 @@ class StreamManager:
 def _past_end(meta: StreamMeta | None, seq: int) -> bool:
     """No event after `seq` will ever come: the stream is gone, or finished before it."""
     return meta is None or (meta.events is not None and seq >= meta.events)
-
-
-async def _aclose(it: AsyncIterator[bytes]) -> None:
-    close = getattr(it, "aclose", None)
-    if close is not None:
-        await close()

@@ -70,10 +70,10 @@ class Hardware:
 
 def _busy_share(before: Any, after: Any) -> float:
     idle_fields = ("idle", "iowait")
-    total = sum(after) - sum(before)
+    total = float(sum(after) - sum(before))
     if total <= 0:
         return 0.0
-    idle = sum(getattr(after, f, 0.0) - getattr(before, f, 0.0) for f in idle_fields)
+    idle = float(sum(getattr(after, f, 0.0) - getattr(before, f, 0.0) for f in idle_fields))
     return min(1.0, max(0.0, 1.0 - idle / total))
 
 

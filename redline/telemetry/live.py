@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from redline.telemetry.longtail import Budget, over_budget
 
 if TYPE_CHECKING:
-    from redline.pipeline import Completion
+    from redline.types import Finished
 
 
 @dataclass(frozen=True)
@@ -37,8 +37,8 @@ class LiveStats:
         self.budgets = budgets
         self.window: deque[_Done] = deque(maxlen=capacity)
 
-    def on_finish(self, completion: Completion) -> None:
-        total = completion.timings.seconds.get("total")
+    def on_finish(self, completion: Finished) -> None:
+        total = completion.total_s
         ok = not over_budget(self.budgets.get(completion.tier), completion.ttft_s, total)
         self.window.append(_Done(time.monotonic(), completion.tier, completion.model,
                                  completion.cache, completion.status, completion.ttft_s, total,

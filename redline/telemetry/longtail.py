@@ -24,8 +24,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 from redline.telemetry.metrics import Metrics
 
 if TYPE_CHECKING:
-    from redline.pipeline import Completion
     from redline.store.base import Store
+    from redline.types import Finished
 
 log = logging.getLogger(__name__)
 
@@ -62,8 +62,8 @@ class LongTailLog:
         self._ttl_s = ttl_s
         self._writes: set[asyncio.Task[None]] = set()
 
-    def on_finish(self, completion: Completion) -> None:
-        total = completion.timings.seconds.get("total")
+    def on_finish(self, completion: Finished) -> None:
+        total = completion.total_s
         over = over_budget(self.budgets.get(completion.tier), completion.ttft_s, total)
         if not over:
             return
@@ -118,16 +118,16 @@ def _ms(seconds: float | None) -> float | None:
     return None if seconds is None else round(seconds * 1000, 2)
 
 
-def _record(c: Completion, over: list[str], budget: Budget) -> dict[str, Any]:
+def _record(c: Finished, over: list[str], budget: Budget) -> dict[str, Any]:
     req = c.request
     prompt = req.prompt or "".join(m.content for m in req.messages or ())
     return {
         "id": req.id, "at": round(time.time(), 3), "model": c.model, "tier": c.tier,
         "cache": c.cache, "status": c.status, "over": over,
         "budget_ms": {"ttft": _ms(budget.ttft_s), "total": _ms(budget.total_s)},
-        "ttft_ms": _ms(c.ttft_s), "total_ms": _ms(c.timings.seconds.get("total")),
-        "timings_ms": {k: _ms(v) for k, v in c.timings.seconds.items()},
+        "ttft_ms": _ms(c.ttft_s), "total_ms": _ms(c.total_s),
+        "timings_ms": {k: _ms(v) for k, v in c.timings.items()},
         "prompt_tokens": c.usage.prompt_tokens if c.usage else None,
         "completion_tokens": c.usage.completion_tokens if c.usage else c.output_tokens,
-        "prompt_chars": len(prompt), "output_chars": sum(len(t) for t in c.text),
+        "prompt_chars": len(prompt), "output_chars": len(c.text),
     }

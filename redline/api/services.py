@@ -1,0 +1,129 @@
+"""Everything a request meets, built whole in one place from the config:
+
+    config → backends → router, cache, experiments → observers → Pipeline → jobs
+
+`build()` is the one factory: nothing is attached or appended afterwards. The app
+(api/app.py) puts the result on `app.state` for its routes; the process-wide tuning
+(threads, the collector) is `redline serve`'s (redline/tuning.py), not done here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from redline.api import jobs_routes
+from redline.api.limits import JobGate, TenantLimiter
+from redline.backends.base import Backend
+from redline.cache import ResponseCache
+from redline.config import ModelConfig, RedlineConfig
+from redline.engine.arbiter import StepArbiter
+from redline.experiments import Experiments
+from redline.jobs.service import JobService
+from redline.pipeline import Observer, Pipeline
+from redline.routing.router import Router
+from redline.store import open_store
+from redline.store.base import Store
+from redline.streams import StreamManager
+from redline.telemetry.live import LiveStats
+from redline.telemetry.longtail import Budget, LongTailLog
+from redline.telemetry.metrics import Metrics
+
+
+class Inflight:
+    """How many /v1/* requests are being served (a stream counts until its last byte)."""
+
+    __slots__ = ("n",)
+
+    def __init__(self) -> None:
+        self.n = 0
+
+
+@dataclass
+class Services:
+    config: RedlineConfig
+    metrics: Metrics
+    store: Store
+    pipeline: Pipeline
+    streams: StreamManager
+    limiter: TenantLimiter
+    longtail: LongTailLog
+    live: LiveStats | None
+    jobs: JobService
+    inflight: Inflight = field(default_factory=Inflight)
+    started_at: float = field(default_factory=time.time)
+    started: asyncio.Event = field(default_factory=asyncio.Event)  # the models are loaded
+
+
+def build_backend(cfg: ModelConfig, models_dir: Path, arbiter: StepArbiter | None = None) -> Backend:
+    """`arbiter`: shared by every local model of the process (they take turns on the cores)."""
+    if cfg.backend == "local":
+        from redline.backends.local import LocalBackend
+
+        if cfg.replicas > 1:  # several engines of one model in this process: one pool
+            from redline.backends.pool import PoolBackend
+
+            return PoolBackend(cfg.name, [LocalBackend(cfg, models_dir, arbiter)
+                                          for _ in range(cfg.replicas)],
+                               cfg.placement, cfg.cache_blocks())
+        return LocalBackend(cfg, models_dir, arbiter)
+    if cfg.backend == "openai":
+        from redline.backends.openai_compat import from_config
+
+        return from_config(cfg)  # a pool when it has several replica urls
+    raise ValueError(f"backend {cfg.backend!r} is not available yet")
+
+
+def library_threads(configured: int | None, kinds: Iterable[str]) -> int:
+    """How many threads torch and BLAS get (0: their defaults), given the backends'
+    kinds: the configured number, else one where a local model runs (its llama.cpp
+    threads hold every core; see redline/tuning.py)."""
+    if configured is not None:
+        return configured
+    return 1 if "local" in kinds else 0
+
+
+def build(config: RedlineConfig, backends: Mapping[str, Backend] | None = None,
+          observers: Sequence[Observer] = ()) -> Services:
+    """`backends` replaces the configured ones (tests pass fakes); `observers` are told
+    of every finished request after redline's own (an embedding application's)."""
+    metrics = Metrics(enabled=config.telemetry.metrics)
+    if backends is None:
+        models_dir = config.data_path("models", ".keep").parent
+        arbiter = StepArbiter()  # one budget for the cores, whatever the number of local models
+        backends = {m.name: build_backend(m, models_dir, arbiter) for m in config.models}
+    named = config.default_model
+    default = named if named is not None and named in backends else next(iter(backends))
+    threads = library_threads(config.server.library_threads,
+                              [b.info.kind for b in backends.values()])
+    router = Router(backends, default, config.routing, metrics, embedder_threads=threads,
+                    capabilities={m.name: m.effective_capabilities() for m in config.models})
+    store = open_store(config.store.url or "memory://")  # the one store: caches, journals, ...
+    cache = (ResponseCache(config.cache, store, metrics, embedder_threads=threads)
+             if config.cache.enabled else None)
+    experiments = Experiments(config.experiments, backends)  # A/B arms, before the cache
+    streams = StreamManager(config.streams, metrics, store=lambda: store)
+    limiter = TenantLimiter(config.limits, config.auth.keys, config.store.url)
+    budgets: dict[str, Budget] = {t: b for t, b in config.routing.tiers.items()}
+    # the long-tail log always (it is the SLO record); live stats with metrics on
+    longtail = LongTailLog(budgets, metrics, config.telemetry.slow_log_size, store=lambda: store)
+    live = LiveStats(budgets) if config.telemetry.metrics else None
+    told: list[Observer] = [
+        *([cache] if cache is not None else []),  # stores each fresh answer
+        experiments.recorder,  # per-arm figures
+        longtail,
+        *([live] if live is not None else []),
+        streams.history,  # answer lengths, for the progress estimate
+        limiter,  # charges each answer's tokens
+        *observers,
+    ]
+    pipeline = Pipeline(router, metrics, cache, experiments, told)
+    jobs = JobService(config.jobs, Path(config.server.data_dir), config.store.url,
+                      pipeline, metrics.jobs, jobs_routes.decode_body, JobGate(limiter))
+    return Services(config, metrics, store, pipeline, streams, limiter, longtail, live, jobs)
+
+
+__all__ = ["Inflight", "Services", "build", "build_backend", "library_threads"]
