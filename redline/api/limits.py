@@ -201,12 +201,14 @@ class TenantLimiter:
         self._forget_old()
         counters = self._counters()
         try:
-            return await self._reserve(counters, key, request_id, tokens, quota.tpm)
-        except Exception as exc:  # fail open, as admission does
-            if counters is self.local:
+            verdict = await self._reserve(counters, key, request_id, tokens, quota.tpm)
+        except BaseException as exc:  # fail open, as admission does
+            self._settle(counters, exc)
+            if counters is self.local or not isinstance(exc, Exception):
                 raise
-            self._trip(exc)
             return await self._reserve(self.local, key, request_id, tokens, quota.tpm)
+        self._settle(counters, None)
+        return verdict
 
     async def _reserve(self, c: _Counters, key: str, request_id: str, tokens: int,
                        tpm: int) -> Verdict:
@@ -235,10 +237,12 @@ class TenantLimiter:
         counters = self._counters()
         try:
             await _add(counters, item, r.key, used - r.tokens)
-        except Exception as exc:
-            if counters is self.local:
+        except BaseException as exc:
+            self._settle(counters, exc)
+            if counters is self.local or not isinstance(exc, Exception):
                 raise
-            self._trip(exc)
+            return
+        self._settle(counters, None)
 
     def _forget_old(self) -> None:
         """Reservations of requests that failed before a first token never settle: drop
@@ -259,11 +263,12 @@ class TenantLimiter:
         try:
             allowed = await counters.requests.hit(item, "req", key)
             stats = await counters.requests.get_window_stats(item, "req", key)
-        except Exception as exc:
-            if counters is self.local:
+        except BaseException as exc:
+            self._settle(counters, exc)
+            if counters is self.local or not isinstance(exc, Exception):
                 raise
-            self._trip(exc)
             return await self.count_request(key)
+        self._settle(counters, None)
         if allowed:
             return Verdict(True)
         return _refused("requests", quota.rpm, self.window, stats.reset_time, [])

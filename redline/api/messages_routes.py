@@ -16,7 +16,8 @@ from pydantic import ValidationError
 from redline.api import anthropic, capabilities
 from redline.api.tenant import tenant_from
 from redline.errors import InvalidRequest, RedlineError
-from redline.pipeline import AUTO, Completion, Pipeline
+from redline.pipeline import Completion, Pipeline
+from redline.routing.names import AUTO
 from redline.types import Chunk, assemble
 
 router = APIRouter()

@@ -26,8 +26,9 @@ from redline.api import responses_request as rq
 from redline.api.responses_output import DONE, Output, outcome, response_json
 from redline.api.tenant import tenant_of
 from redline.errors import InvalidRequest, NotFound
-from redline.pipeline import AUTO, Completion, Pipeline
+from redline.pipeline import Completion, Pipeline
 from redline.responses import ResponseRecord, ResponseRecords
+from redline.routing.names import AUTO
 from redline.streams import Progress, StreamManager
 from redline.streams.live import WriteThrough
 from redline.types import FinishReason
