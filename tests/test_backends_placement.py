@@ -230,7 +230,7 @@ def test_two_gateways_with_their_own_index_place_a_new_prefix_alike() -> None:
 def test_a_local_model_with_replicas_is_a_pool_of_engines(tmp_path: object) -> None:
     from pathlib import Path
 
-    from redline.api.app import build_backend
+    from redline.api.services import build_backend
     from redline.backends.local import LocalBackend
 
     cfg = ModelConfig(name="m", bundled="smollm2-135m-instruct", replicas=3, n_ctx=1024, n_seq_max=4)

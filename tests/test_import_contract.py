@@ -19,7 +19,7 @@ LAYERS: list[set[str]] = [
     {"types", "errors", "config", "breaker", "closing"},
     {"store", "telemetry"},
     {"backends", "engine", "models", "optimize"},
-    {"cache", "routing", "streams", "experiments"},
+    {"cache", "routing", "streams", "experiments", "responses"},
     {"pipeline"},
     {"jobs"},
     {"api"},

@@ -53,7 +53,7 @@ async def hit_rate(urls: list[str], policy: str) -> float:
         req = GenerationRequest(model="m", sampling=SamplingParams(max_tokens=2), tier="A",
                                 messages=(Message("system", system_prompt(t)),
                                           Message("user", f"question {i} from tenant {t}")))
-        got = await router.open(req)
+        got = await router.open(router.plan(req))
         async for _ in got.rest:
             pass
     await pool.close()

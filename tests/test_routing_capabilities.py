@@ -61,7 +61,7 @@ async def test_auto_never_sends_a_chat_request_to_a_model_without_chat() -> None
         for text in TEXTS:
             tier_, order, _ = r.decide(chat(text, tier=tier))
             assert order == ["small"], (text, tier, order)
-            got = await r.open(chat(text, tier=tier))
+            got = await r.open(r.plan(chat(text, tier=tier)))
             assert got.model == "small"
             await drain(got)
     assert backends["large"].calls == 0
@@ -73,7 +73,7 @@ async def test_without_the_capability_the_same_requests_do_reach_the_large_model
     models = set()
     for tier in ("A", "B"):
         for text in TEXTS:
-            got = await r.open(chat(text, tier=tier))
+            got = await r.open(r.plan(chat(text, tier=tier)))
             models.add(got.model)
             await drain(got)
     assert "large" in models
@@ -86,10 +86,10 @@ async def test_the_planner_does_not_move_chat_to_a_model_without_chat() -> None:
     for _ in range(10):
         r.estimates.of(backends["small"]).observe_ttft(5.0, 0, 10)
         r.estimates.of(backends["large"]).observe_ttft(0.01, 0, 10)
-    got = await r.open(chat("what is the capital of France?", tier="S"))
+    got = await r.open(r.plan(chat("what is the capital of France?", tier="S")))
     assert got.model == "small"
     await drain(got)
-    got = await r.open(completion("The capital of France is"))
+    got = await r.open(r.plan(completion("The capital of France is")))
     assert got.model == "large"
     await drain(got)
 
@@ -98,10 +98,10 @@ async def test_fallbacks_skip_a_model_without_chat() -> None:
     backends = fakes(small={"fail_rate": 1.0})
     r = await router(backends, fallbacks={"small": ["large"]}, classifier="off")
     with pytest.raises(Exception) as err:
-        await r.open(chat("hello", model="small"))
+        await r.open(r.plan(chat("hello", model="small")))
     assert not isinstance(err.value, InvalidRequest)
     assert backends["large"].calls == 0
-    got = await r.open(completion("Once upon a time", model="small"))  # completions may fall back
+    got = await r.open(r.plan(completion("Once upon a time", model="small")))  # completions may fall back
     assert got.model == "large"
     await drain(got)
 
@@ -109,10 +109,10 @@ async def test_fallbacks_skip_a_model_without_chat() -> None:
 async def test_a_rule_naming_a_model_without_chat_is_passed_over_for_chat() -> None:
     backends = fakes()
     r = await router(backends, rules=[RouteRule(match=r"coffee", tier="B", model="large")])
-    got = await r.open(chat("a long report on coffee"))
+    got = await r.open(r.plan(chat("a long report on coffee")))
     assert (got.model, got.tier) == ("small", "B")
     await drain(got)
-    got = await r.open(completion("a long report on coffee"))
+    got = await r.open(r.plan(completion("a long report on coffee")))
     assert got.model == "large"
     await drain(got)
 
@@ -120,10 +120,10 @@ async def test_a_rule_naming_a_model_without_chat_is_passed_over_for_chat() -> N
 async def test_explicit_chat_to_a_base_model_is_a_400_on_model() -> None:
     r = await router(fakes())
     with pytest.raises(InvalidRequest) as err:
-        await r.open(chat("hello", model="large"))
+        await r.open(r.plan(chat("hello", model="large")))
     assert err.value.status == 400 and err.value.param == "model"
     assert "completions only" in err.value.message
-    got = await r.open(completion("hello", model="large"))
+    got = await r.open(r.plan(completion("hello", model="large")))
     assert got.model == "large"
     await drain(got)
 
@@ -131,15 +131,15 @@ async def test_explicit_chat_to_a_base_model_is_a_400_on_model() -> None:
 async def test_no_chat_model_at_all_is_a_400_and_fcfs_auto_skips_a_base_default() -> None:
     r = await router(fakes(), caps={"small": ["completions"], "large": ["completions"]})
     with pytest.raises(InvalidRequest) as err:
-        await r.open(chat("hello"))
+        await r.open(r.plan(chat("hello")))
     assert err.value.param == "model"
     backends = {"base": FakeBackend("base", size_rank=1), "chatty": FakeBackend("chatty", size_rank=2)}
     r = Router(backends, "base", RoutingConfig(mode="fcfs"), Metrics(),
                capabilities={"base": ["completions"]})
-    got = await r.open(chat("hello"))
+    got = await r.open(r.plan(chat("hello")))
     assert got.model == "chatty"
     await drain(got)
-    got = await r.open(completion("hello"))
+    got = await r.open(r.plan(completion("hello")))
     assert got.model == "base"
     await drain(got)
 

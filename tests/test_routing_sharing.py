@@ -49,7 +49,7 @@ async def test_the_planner_sees_other_local_engines_work() -> None:
         r.estimates.of(large).observe_ttft(0.4, 0, 10)
     alone = r.predict("large", 10, 3)
     assert alone is not None and abs(alone.ttft_s - 0.4) < 0.05
-    got = await r.open(chat("hi", tier="S"))  # both meet 1 s: small first
+    got = await r.open(r.plan(chat("hi", tier="S")))  # both meet 1 s: small first
     assert got.model == "small"
     await drain(got)
     large.shared = 3.0  # two other local engines have work: large would take 1.2 s

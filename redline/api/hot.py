@@ -17,6 +17,7 @@ app's handler answers it; anything else propagates to the app's server-error lay
 
 from __future__ import annotations
 
+import json
 from typing import TYPE_CHECKING
 
 from fastapi import Request
@@ -28,6 +29,7 @@ from redline.api import openai_routes
 from redline.api.errors import answer, invalid_body
 from redline.api.middleware import send_error
 from redline.api.schemas import ChatCompletionRequest, CompletionRequest
+from redline.api.unicode import check_text
 from redline.errors import RedlineError, RequestTimeout
 
 if TYPE_CHECKING:
@@ -36,6 +38,18 @@ if TYPE_CHECKING:
 ROUTES: dict[str, tuple[type[ChatCompletionRequest] | type[CompletionRequest], str]] = {
     "/v1/chat/completions": (ChatCompletionRequest, "chat"),
     "/v1/completions": (CompletionRequest, "text")}
+
+
+def lone_surrogates(raw: bytes) -> None:
+    """A 400 naming the field, for a body that is JSON to Python's parser but holds a
+    lone surrogate escape (`"\\ud800"`), which pydantic-core's parser refuses whole."""
+    if b"\\u" not in raw:
+        return
+    try:
+        parsed = json.loads(raw)
+    except ValueError:
+        return  # not JSON at all: the parse error says so
+    check_text(parsed)
 
 
 def json_body(scope: Scope) -> bool:
@@ -89,6 +103,7 @@ class HotRoutes:
             try:
                 body = schema.model_validate_json(raw)
             except ValidationError as exc:
+                lone_surrogates(raw)  # pydantic-core's parser refuses them: name the field
                 raise invalid_body(exc) from exc
             response = await openai_routes.serve(self.services, request, body, kind)
         except RedlineError as exc:
