@@ -47,8 +47,8 @@ def lone_surrogates(raw: bytes) -> None:
         return
     try:
         parsed = json.loads(raw)
-    except ValueError:
-        return  # not JSON at all: the parse error says so
+    except (ValueError, RecursionError):
+        return  # not JSON at all, or nested past Python's parser: the parse error says so
     check_text(parsed)
 
 
