@@ -107,7 +107,7 @@ class MessagesRequest(BaseModel):
             messages += _turn(turn)
         tools = []
         for i, t in enumerate(self.tools or ()):
-            schemas._check_schema(t.input_schema, f"tools[{i}].input_schema")
+            schemas.check_schema(t.input_schema, f"tools[{i}].input_schema")
             tools.append(FunctionTool(t.name, t.description, t.input_schema))
         choice, parallel = None, None
         if self.tool_choice is not None:

@@ -229,7 +229,7 @@ def _tools(raw: list[dict[str, Any]] | None) -> tuple[FunctionTool, ...]:
             raise InvalidRequest("A function tool needs a name.", param=f"tools[{i}].name")
         params = tool.get("parameters")
         if params is not None:
-            schemas._check_schema(params, f"tools[{i}].parameters")
+            schemas.check_schema(params, f"tools[{i}].parameters")
         description, strict = tool.get("description"), tool.get("strict")
         out.append(FunctionTool(name, description if isinstance(description, str) else None,
                                 params, strict if isinstance(strict, bool) else None))
@@ -241,19 +241,12 @@ def _tool_choice(raw: str | dict[str, Any] | None,
     if raw is None:
         return None
     if isinstance(raw, str):
-        if raw not in ("none", "auto", "required"):
-            raise InvalidRequest(f"Invalid value for 'tool_choice': {raw!r}.", param="tool_choice")
-        if raw == "required" and not tools:
-            raise InvalidRequest("tool_choice 'required' needs tools.", param="tool_choice")
-        return ToolChoice(raw)  # type: ignore[arg-type]
+        return schemas.tool_choice_mode(raw, tools)
     name = raw.get("name")
     if raw.get("type") != "function" or not isinstance(name, str):
         raise InvalidRequest("tool_choice must be none, auto, required or "
                              '{"type": "function", "name": ...}.', param="tool_choice")
-    if name not in {t.name for t in tools}:
-        raise InvalidRequest(f"tool_choice names {name!r}, which is not in tools.",
-                             param="tool_choice.name")
-    return ToolChoice("function", name)
+    return schemas.named_tool(name, tools, "tool_choice.name")
 
 
 def _format(raw: dict[str, Any] | None) -> ResponseFormat | None:
@@ -270,8 +263,4 @@ def _format(raw: dict[str, Any] | None) -> ResponseFormat | None:
     if not isinstance(raw.get("name"), str) or not isinstance(raw.get("schema"), dict):
         raise InvalidRequest("text.format json_schema needs name and schema.",
                              param="text.format.schema")
-    schemas._check_schema(raw["schema"], "text.format.schema")
-    strict, description = raw.get("strict"), raw.get("description")
-    return ResponseFormat("json_schema", raw["name"], raw["schema"],
-                          strict if isinstance(strict, bool) else None,
-                          description if isinstance(description, str) else None)
+    return schemas.json_schema_format(raw, "text.format.schema")

@@ -230,7 +230,7 @@ def _tools(raw: list[dict[str, Any]] | None) -> tuple[FunctionTool, ...]:
                                  param=f"tools[{i}].function.name")
         params = fn.get("parameters")
         if params is not None:
-            _check_schema(params, f"tools[{i}].function.parameters")
+            check_schema(params, f"tools[{i}].function.parameters")
         description, strict = fn.get("description"), fn.get("strict")
         known = {"name", "description", "parameters", "strict"}
         extra = {k: v for k, v in fn.items() if k not in known}
@@ -246,19 +246,28 @@ def _tool_choice(raw: str | dict[str, Any] | None,
     if raw is None:
         return None
     if isinstance(raw, str):
-        if raw not in ("none", "auto", "required"):
-            raise InvalidRequest(f"Invalid value for 'tool_choice': {raw!r}.", param="tool_choice")
-        if raw == "required" and not tools:
-            raise InvalidRequest("tool_choice 'required' needs tools.", param="tool_choice")
-        return ToolChoice(raw)  # type: ignore[arg-type]
+        return tool_choice_mode(raw, tools)
     fn = raw.get("function")
     name = fn.get("name") if isinstance(fn, dict) else None
     if raw.get("type") != "function" or not isinstance(name, str):
         raise InvalidRequest("tool_choice must be none, auto, required or "
                              '{"type": "function", "function": {"name": ...}}.', param="tool_choice")
+    return named_tool(name, tools, "tool_choice")
+
+
+def tool_choice_mode(raw: str, tools: tuple[FunctionTool, ...]) -> ToolChoice:
+    """`tool_choice` given as a string (chat completions and the Responses API alike)."""
+    if raw not in ("none", "auto", "required"):
+        raise InvalidRequest(f"Invalid value for 'tool_choice': {raw!r}.", param="tool_choice")
+    if raw == "required" and not tools:
+        raise InvalidRequest("tool_choice 'required' needs tools.", param="tool_choice")
+    return ToolChoice(raw)  # type: ignore[arg-type]
+
+
+def named_tool(name: str, tools: tuple[FunctionTool, ...], param: str) -> ToolChoice:
+    """`tool_choice` naming one function, which must be among `tools`."""
     if name not in {t.name for t in tools}:
-        raise InvalidRequest(f"tool_choice names {name!r}, which is not in tools.",
-                             param="tool_choice")
+        raise InvalidRequest(f"tool_choice names {name!r}, which is not in tools.", param=param)
     return ToolChoice("function", name)
 
 
@@ -275,16 +284,23 @@ def _response_format(raw: dict[str, Any] | None) -> ResponseFormat | None:
     if not isinstance(spec, dict) or not isinstance(spec.get("name"), str):
         raise InvalidRequest("response_format json_schema needs json_schema.name.",
                              param="response_format.json_schema")
+    return json_schema_format(spec, "response_format.json_schema.schema")
+
+
+def json_schema_format(spec: dict[str, Any], param: str) -> ResponseFormat:
+    """A `json_schema` response format from its name, schema (checked when given: a 400
+    on `param`), strict and description: chat's `response_format.json_schema` and the
+    Responses API's `text.format` hold the same fields."""
     schema = spec.get("schema")
     if schema is not None:
-        _check_schema(schema, "response_format.json_schema.schema")
+        check_schema(schema, param)
     strict, description = spec.get("strict"), spec.get("description")
     return ResponseFormat("json_schema", spec["name"], schema,
                           strict if isinstance(strict, bool) else None,
                           description if isinstance(description, str) else None)
 
 
-def _check_schema(schema: Any, param: str) -> None:
+def check_schema(schema: Any, param: str) -> None:
     if not isinstance(schema, dict):
         raise InvalidRequest(f"'{param}' must be a JSON Schema object.", param=param)
     try:
