@@ -61,7 +61,8 @@ def test_bad_input_is_a_400_with_param(gateway: Any) -> None:
             ({"model": "all-minilm-l6-v2", "input": [[1, 2]]}, 400, "input"),
             ({"model": "all-minilm-l6-v2", "input": ["x"] * 2049}, 400, "input"),
             ({"model": "all-minilm-l6-v2", "input": "x", "encoding_format": "int8"}, 400,
-             "encoding_format")):
+             "encoding_format"),
+            ({"model": "all-minilm-l6-v2", "input": "x", "truncate": "END"}, 400, "truncate")):
         r = httpx.post(f"{url}/v1/embeddings", json=body, timeout=60)
         assert r.status_code == status, (body, r.text)
         assert r.json()["error"]["param"] == param

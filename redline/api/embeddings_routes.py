@@ -76,6 +76,10 @@ async def _embedder(request: Request) -> MiniLMEmbedder:
 
 
 async def _local(request: Request, body: EmbeddingRequest) -> Response:
+    unknown = next(iter(body.model_extra or {}), None)  # kept for a remote upstream only
+    if unknown is not None:
+        raise InvalidRequest(f"The model `{LOCAL_MODEL}` does not serve '{unknown}'.",
+                             param=unknown)
     texts = _texts(body)
     embedder = await _embedder(request)
     if body.dimensions is not None and body.dimensions != embedder.dim:
