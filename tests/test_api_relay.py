@@ -12,6 +12,7 @@ import weakref
 import pytest
 
 from redline.api.chunks import ChunkEncoder
+from redline.api.services import services_of
 from redline.api.sse import HOLD_HEAD, OFFERS, WRITE_NOW, EventStream
 from redline.types import Chunk
 
@@ -198,7 +199,7 @@ async def test_completion_routes_answer_json_bodies_as_fastapi_would(tmp_path):
     chat = {"model": "fake", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5}
     via_fastapi = {"content-type": "application/vnd.api+json"}
     async with app.router.lifespan_context(app):
-        while not app.state.pipeline.ready:
+        while not services_of(app).pipeline.ready:
             await asyncio.sleep(0.01)
         async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as c:
             ok = await c.post("/v1/chat/completions", json=chat)

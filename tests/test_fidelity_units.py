@@ -13,6 +13,7 @@ import pytest
 from redline.api.capabilities import check
 from redline.api.chunks import ChunkEncoder
 from redline.api.schemas import ChatCompletionRequest
+from redline.api.services import services_of
 from redline.cache.keys import cache_keys
 from redline.config import RedlineConfig
 from redline.errors import InvalidRequest
@@ -140,14 +141,14 @@ def test_the_cache_keeps_answers_to_different_formats_and_tools_apart(tmp_path: 
     cfg = RedlineConfig(server={"data_dir": str(tmp_path)}, store={"url": "memory://"},
                         cache={"similarity_threshold": 0.5})
     app = create_app(cfg, backends={"fake": FakeBackend(words=("a", "b"))})
-    app.state.pipeline.cache.embedder = HashingEmbedder()
+    services_of(app).pipeline.cache.embedder = HashingEmbedder()
 
     def ask(c: TestClient, **extra: Any) -> str:
         r = c.post("/v1/chat/completions", json={
             "model": "fake", "temperature": 0, "max_tokens": 2,
             "messages": [{"role": "user", "content": "How do I reset my password?"}], **extra})
         assert r.status_code == 200, r.text
-        cache = app.state.pipeline.cache
+        cache = services_of(app).pipeline.cache
         deadline = time.monotonic() + 10
         while cache._tasks and time.monotonic() < deadline:  # the answer stored
             time.sleep(0.01)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
@@ -13,6 +13,7 @@ from redline.api import capabilities, jobs_routes, sse
 from redline.api.chunks import ChunkEncoder
 from redline.api.limits import reserve_tokens
 from redline.api.schemas import ChatCompletionRequest, CompletionRequest
+from redline.api.services import Services, services_of
 from redline.api.tenant import tenant_from
 from redline.api.unicode import check_text
 from redline.closing import aclose
@@ -22,9 +23,6 @@ from redline.routing.names import AUTO, parse_tier
 from redline.streams import Progress, StreamManager
 from redline.streams.live import WriteThrough
 from redline.types import Chunk, assemble, new_id
-
-if TYPE_CHECKING:
-    from redline.api.services import Services
 
 router = APIRouter()
 
@@ -58,8 +56,9 @@ def _headers(c: Completion, request_id: str) -> dict[str, str]:
 
 @router.get("/v1/models")
 async def list_models(request: Request) -> dict[str, Any]:
-    created = int(request.app.state.started_at)
-    names = [*request.app.state.services.pipeline.model_names(), AUTO]
+    services = services_of(request.app)
+    created = int(services.started_at)
+    names = [*services.pipeline.model_names(), AUTO]
     return {"object": "list",
             "data": [{"id": n, "object": "model", "created": created, "owned_by": "redline"}
                      for n in names]}
@@ -69,12 +68,12 @@ async def list_models(request: Request) -> dict[str, Any]:
 # the rest (another content type) and describe the routes in /openapi.json
 @router.post("/v1/chat/completions", response_model=None)
 async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
-    return await serve(request.app.state.services, request, body, "chat")
+    return await serve(services_of(request.app), request, body, "chat")
 
 
 @router.post("/v1/completions", response_model=None)
 async def completions(body: CompletionRequest, request: Request) -> Response:
-    return await serve(request.app.state.services, request, body, "text")
+    return await serve(services_of(request.app), request, body, "text")
 
 
 async def serve(services: Services, request: Request,

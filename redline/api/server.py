@@ -30,7 +30,7 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 # llhttp in C (httptools, a dependency): a fraction of h11's cost per request and chunk
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from redline.api.services import Inflight
+from redline.api.services import Inflight, Services, services_of
 from redline.api.sse import HOLD_HEAD, OFFERS, WRITE_NOW
 from redline.config import LimitsConfig
 from redline.errors import Overloaded
@@ -226,16 +226,16 @@ class DrainingServer(uvicorn.Server):
     balancer keeps getting 503 from /readyz (and new requests 503) while the running
     ones finish; the server exits when none are left or at the drain deadline."""
 
-    def __init__(self, config: uvicorn.Config, app_state: Any, inflight: Inflight,
-                 drain_timeout_s: float) -> None:
+    def __init__(self, config: uvicorn.Config, services: Services, drain_timeout_s: float) -> None:
         super().__init__(config)
-        self.app_state, self.inflight, self.drain_timeout_s = app_state, inflight, drain_timeout_s
+        self.services, self.inflight = services, services.inflight
+        self.drain_timeout_s = drain_timeout_s
         self.drain_started: float | None = None
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         if self.drain_started is None and sig in (signal.SIGTERM, signal.SIGINT):
             self.drain_started = time.monotonic()
-            self.app_state.draining = True
+            self.services.draining = True
             log.info("signal %d: draining %d running request(s), at most %.0f s",
                      sig, self.inflight.n, self.drain_timeout_s)
             return
@@ -264,7 +264,7 @@ def _loop() -> str:
 
 
 def build(app: Any, host: str, port: int, limits: LimitsConfig, log_level: str = "info") -> DrainingServer:
-    """A server for `app` (made by `create_app`, which installs `app.state.inflight`)."""
+    """A server for `app` (made by `create_app`: its services count and drain requests)."""
     config = uvicorn.Config(
         app, host=host, port=port, log_level=log_level, access_log=False,
         http=protocol(limits), lifespan="on", loop=_loop(),
@@ -272,7 +272,7 @@ def build(app: Any, host: str, port: int, limits: LimitsConfig, log_level: str =
         # the drain already waited for running requests; what is left after it is cut
         timeout_graceful_shutdown=1,
     )
-    return DrainingServer(config, app.state, app.state.inflight, limits.drain_timeout_s)
+    return DrainingServer(config, services_of(app), limits.drain_timeout_s)
 
 
 def run(app: Any, host: str, port: int, limits: LimitsConfig, log_level: str = "info") -> None:
