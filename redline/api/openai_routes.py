@@ -21,7 +21,6 @@ from redline.errors import InvalidRequest
 from redline.pipeline import Completion
 from redline.routing.names import AUTO, parse_tier
 from redline.streams import Progress, StreamManager
-from redline.streams.live import WriteThrough
 from redline.types import Chunk, assemble, new_id
 
 router = APIRouter()
@@ -130,9 +129,7 @@ async def serve(services: Services, request: Request,
             await aclose(events)  # closes the chunks: frees the upstream or engine sequence
             raise
         live = streams.start(stream_id, events, tenant=gen.tenant, first=first)
-        through = WriteThrough()  # the producer writes the tokens once the response is under way
-        return sse.EventStream(streams.follow(live, through=through), headers=headers,
-                               first_ready=bool(first), on_started=through.offer)
+        return sse.EventStream(streams.follow(live), headers=headers, first_ready=bool(first))
     encoder = ChunkEncoder(gen_kind, gen.id, completion.model)  # type: ignore[arg-type]
     got = [chunk async for chunk in completion.chunks]
     payload = encoder.full(assemble(got, gen.sampling.n), completion.usage,

@@ -31,7 +31,6 @@ from redline.pipeline import Completion
 from redline.responses import ResponseRecord, ResponseRecords
 from redline.routing.names import AUTO
 from redline.streams import Progress
-from redline.streams.live import WriteThrough
 from redline.types import FinishReason
 
 router = APIRouter()
@@ -101,9 +100,7 @@ async def create(request: Request) -> Response:
             await events.aclose()
             raise
         live = streams.start(response_id, events, tenant=tenant, first=first)
-        through = WriteThrough()  # the producer writes events once the response is under way
-        return sse.EventStream(streams.follow(live, through=through), headers=headers,
-                               first_ready=bool(first), on_started=through.offer)
+        return sse.EventStream(streams.follow(live), headers=headers, first_ready=bool(first))
     async for chunk in completion.chunks:
         run.output.add(chunk)
         run.note(chunk.finish_reason, chunk.error)

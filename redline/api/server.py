@@ -19,7 +19,6 @@ import json
 import logging
 import signal
 import time
-from collections.abc import Callable
 from types import FrameType
 from typing import Any
 
@@ -31,7 +30,7 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from redline.api.services import Inflight, Services, services_of
-from redline.api.sse import HOLD_HEAD, OFFERS, WRITE_NOW
+from redline.api.sse import HOLD_HEAD, OFFERS
 from redline.config import LimitsConfig
 from redline.errors import Overloaded
 
@@ -154,34 +153,18 @@ class GuardedHttpTools(_HeaderDeadline, HttpToolsProtocol):
         super().on_headers_complete()
         cycle = self.cycle
         if cycle is not None and cycle.scope is self.scope:  # not an upgrade
-            # the server's offers to EventStream (api/sse.py), an ASGI extension
+            # the server's offer to EventStream (api/sse.py), an ASGI extension
             self.scope.setdefault("extensions", {})[OFFERS] = {
-                HOLD_HEAD: lambda: _HeldWrite(cycle).release, WRITE_NOW: _write_now(cycle)}
+                HOLD_HEAD: lambda: _HeldWrite(cycle).release}
 
 
 def _withdraw(cycle: Any) -> None:
-    """Take the offers back from a response's scope: each closes over the cycle that
+    """Take the offer back from a response's scope: it closes over the cycle that
     holds the scope, a reference cycle that only the collector would free (a 5-10 ms
     pause every second or so under load)."""
     extensions = cycle.scope.get("extensions") if cycle is not None else None
     if extensions:
         extensions.pop(OFFERS, None)
-
-
-def _write_now(cycle: Any) -> Callable[[bytes], bool]:
-    """WRITE_NOW (see api/sse.py) for one response of uvicorn's httptools protocol: a body
-    chunk, framed as its `send` frames it, written at once. False, and nothing written,
-    unless the response is chunked and under way, and the client keeps up (its transport
-    is not paused: else `send` must wait for it to drain)."""
-
-    def write_now(chunk: bytes) -> bool:
-        if (cycle.chunked_encoding is not True or cycle.response_complete
-                or cycle.disconnected or cycle.flow.write_paused or not chunk):
-            return False
-        cycle.transport.write(b"%x\r\n%b\r\n" % (len(chunk), chunk))
-        return True
-
-    return write_now
 
 
 class _HeldWrite:
