@@ -44,7 +44,8 @@ def wants_job(body: ChatCompletionRequest | CompletionRequest, gen: GenerationRe
 async def accept(request: Request, body: ChatCompletionRequest | CompletionRequest,
                  gen: GenerationRequest, kind: str) -> JSONResponse:
     """Queue the request as a job: 202 with the job object."""
-    services_of(request.app).pipeline.resolve(gen.model)  # 404 now, not in the job ("auto" stays)
+    # 404 or a capability's 400 now, not in the job ("auto" stays; the worker plans it)
+    services_of(request.app).pipeline.router.check(gen)
     gen.tier = "B"  # the worker serves it with tier B's budget (no tier-S shortening)
     notify = body.notify.model_dump(exclude_none=True) if body.notify else {}
     endpoint: Endpoint = "chat" if kind == "chat" else "text"

@@ -18,7 +18,6 @@ from redline.api.services import services_of
 from redline.api.tenant import tenant_from
 from redline.errors import InvalidRequest, RedlineError
 from redline.pipeline import Completion
-from redline.routing.names import AUTO
 from redline.types import Chunk, assemble
 
 router = APIRouter()
@@ -44,7 +43,7 @@ async def messages(request: Request) -> Response:
                                  tenant_from(request.scope, headers.get("authorization", "")),
                                  "no-cache" in headers.get("cache-control", "").lower())
         services = services_of(request.app)
-        capabilities.check(services.config, gen, AUTO)
+        capabilities.check(services.config, gen)  # the model's capabilities: the router's
         pipeline = services.pipeline
         completion = await pipeline.complete(gen)
     except RedlineError as exc:

@@ -90,18 +90,20 @@ async def serve(services: Services, request: Request,
         if len(session) > 256:
             raise InvalidRequest("X-Session-ID is longer than 256 characters", param="X-Session-ID")
         gen.session = session
-    capabilities.check(services.config, gen, AUTO)
+    capabilities.check(services.config, gen)  # n, the embedded engine's fields
     pipeline = services.pipeline
     if jobs_routes.wants_job(body, gen, pipeline):  # tier B or "background": 202 + a job
         return await jobs_routes.accept(request, body, gen, gen_kind)
-    await reserve_tokens(services.limiter, request.scope, gen)  # a job is charged as it runs
     request_id = asked.get(b"x-request-id") or gen.id
     streams = services.streams
-    prepared = await pipeline.prepare(gen)  # arm, cache, route plan: nothing sent yet
+    # arm, cache, route plan (a 404 or a capability's 400 here): nothing sent yet
+    prepared = await pipeline.prepare(gen)
     if prepared.would_miss:  # allow_background: a job now beats a first token past the budget
         response = await jobs_routes.accept(request, body, gen, gen_kind)
         response.headers["X-Redline-Degraded"] = "background"
         return response
+    # after the plan, so a request refused by it holds no tokens; a job is charged as it runs
+    await reserve_tokens(services.limiter, request.scope, gen)
     parts = (_StreamParts(gen, gen_kind, body.include_usage, streams, prepared.model, prepared.tier)
              if body.stream else None)
     completion = await pipeline.open(prepared)

@@ -29,7 +29,6 @@ from redline.api.tenant import tenant_of
 from redline.errors import InvalidRequest, NotFound
 from redline.pipeline import Completion
 from redline.responses import ResponseRecord, ResponseRecords
-from redline.routing.names import AUTO
 from redline.streams import Progress
 from redline.types import FinishReason
 
@@ -71,13 +70,13 @@ async def create(request: Request) -> Response:
         raise InvalidRequest("X-Redline-Tier must be one of S, A, B, auto", param="tier")
     gen = rq.generation(body, context + items, tier, tenant,
                         "no-cache" in request.headers.get("cache-control", "").lower())
+    services = services_of(request.app)
     try:
-        capabilities.check(services_of(request.app).config, gen, AUTO)
+        capabilities.check(services.config, gen)
+        completion = await services.pipeline.complete(gen)  # the router checks capabilities
     except InvalidRequest as exc:  # named as this API names the field
         exc.param = _PARAMS.get(exc.param or "", exc.param)
         raise
-    pipeline = services_of(request.app).pipeline
-    completion = await pipeline.complete(gen)
     response_id = gen.id.replace("req-", "resp_")
     headers = {"X-Request-Id": response_id, "X-Redline-Model": completion.model,
                "X-Redline-Tier": completion.tier, "X-Redline-Cache": completion.cache}
