@@ -35,6 +35,7 @@ def serve(args: argparse.Namespace) -> int:
 
     from redline.api.app import create_app
     from redline.api.server import build
+    from redline.api.services import services_of
     from redline.tuning import tune_collector_when, tune_threads
 
     overrides = {}
@@ -53,7 +54,7 @@ def serve(args: argparse.Namespace) -> int:
 
     async def main() -> None:
         # the collector, once the models are loaded (redline/tuning.py)
-        tuner = asyncio.create_task(tune_collector_when(app.state.services.started))
+        tuner = asyncio.create_task(tune_collector_when(services_of(app).started))
         try:
             await http.serve()
         finally:

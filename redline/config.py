@@ -192,10 +192,14 @@ class TierBudget(_Section):
     max_inflight: int = Field(64, ge=1, description="more of this tier at once: 503 + Retry-After")
 
 
-def _default_tiers() -> dict[str, TierBudget]:
+def _default_tiers() -> dict[Literal["S", "A", "B"], TierBudget]:
     return {"S": TierBudget(ttft_s=1.0, total_s=3.0, max_inflight=128),
             "A": TierBudget(ttft_s=3.0, max_inflight=64),
             "B": TierBudget(max_inflight=32)}
+
+
+def _default_shed_at() -> dict[Literal["S", "A", "B"], float]:
+    return {"B": 0.5, "A": 0.8, "S": 1.0}
 
 
 class RouteRule(_Section):
@@ -222,7 +226,7 @@ class RoutingConfig(_Section):
     fallbacks: dict[str, list[str]] = Field(default_factory=dict,
                                             description="model -> models to try when it fails")
     shed_at: dict[Literal["S", "A", "B"], float] = Field(
-        default_factory=lambda: {"B": 0.5, "A": 0.8, "S": 1.0},
+        default_factory=_default_shed_at,
         description="shed a tier when requests in flight reach this share of max_inflight")
     max_inflight: int = Field(256, ge=1, description="requests in flight, all tiers")
     hedge: bool = Field(True, description="tier S: a second copy after the replica's p90 TTFT")

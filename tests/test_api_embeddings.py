@@ -6,35 +6,22 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
+import gateway_support
 import httpx
 import numpy as np
 import openai
 import pytest
-from conftest import LiveApp, wait_ready
 
-from redline.api.app import create_app
-from redline.backends.fake_upstream import UpstreamSpec, create_upstream
-from redline.config import RedlineConfig
-
-
-class _Live(LiveApp):
-    def __enter__(self) -> _Live:
-        self.thread.start()
-        wait_ready(self.url, timeout=180)
-        return self
+from redline.backends.fake_upstream import UpstreamSpec
 
 
 @pytest.fixture(scope="module")
 def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[openai.OpenAI, str, str]]:
-    data = tmp_path_factory.mktemp("embeddings")
-    with _Live(create_upstream(UpstreamSpec(), name="served")) as up:
-        cfg = RedlineConfig(models=[{"name": "remote", "backend": "openai", "url": up.url,
-                                     "upstream_model": "served-embed"}],
-                            cache={"enabled": False}, server={"data_dir": str(data)})
-        with _Live(create_app(cfg)) as gw:
-            client = openai.OpenAI(base_url=f"{gw.url}/v1", api_key="x", max_retries=0)
-            yield client, gw.url, up.url
-            client.close()
+    with gateway_support.gateway(tmp_path_factory.mktemp("embeddings"), UpstreamSpec(),
+                                 upstream_model="served-embed") as (gw, up):
+        client = openai.OpenAI(base_url=f"{gw}/v1", api_key="x", max_retries=0)
+        yield client, gw, up
+        client.close()
 
 
 def test_a_remote_model_is_passed_through(gateway: Any) -> None:

@@ -10,14 +10,12 @@ import json
 from collections.abc import Iterator
 from typing import Any
 
+import gateway_support
 import httpx
 import openai
 import pytest
-from conftest import LiveApp, wait_ready
 
-from redline.api.app import create_app
-from redline.backends.fake_upstream import Dist, UpstreamSpec, create_upstream
-from redline.config import RedlineConfig
+from redline.backends.fake_upstream import Dist, UpstreamSpec
 
 WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "The weather in a city",
@@ -48,32 +46,18 @@ FEATURES: dict[str, dict[str, Any]] = {
 }
 
 
-class _Live(LiveApp):
-    """LiveApp with a longer wait for readiness (the machine is shared and busy)."""
-
-    def __enter__(self) -> _Live:
-        self.thread.start()
-        wait_ready(self.url, timeout=180)
-        return self
-
-
 @pytest.fixture(scope="module")
 def servers(tmp_path_factory: pytest.TempPathFactory,
             ) -> Iterator[tuple[openai.OpenAI, openai.OpenAI, str, str]]:
     """The fake upstream and redline in front of it (one pair for the module)."""
-    data = tmp_path_factory.mktemp("fidelity")
-    with _Live(create_upstream(UpstreamSpec(ttft=Dist(0.0), tpot=Dist(0.0), cached_tokens=2),
-                                 name="served")) as up:
-        cfg = RedlineConfig(models=[{"name": "remote", "backend": "openai", "url": up.url,
-                                     "upstream_model": "served"}],
-                            cache={"enabled": False},
-                            server={"max_n": 4, "data_dir": str(data)})
-        with _Live(create_app(cfg)) as gw:
-            direct = openai.OpenAI(base_url=f"{up.url}/v1", api_key="x", max_retries=0)
-            through = openai.OpenAI(base_url=f"{gw.url}/v1", api_key="x", max_retries=0)
-            yield direct, through, up.url, gw.url
-            direct.close()
-            through.close()
+    with gateway_support.gateway(tmp_path_factory.mktemp("fidelity"),
+                                 UpstreamSpec(ttft=Dist(0.0), tpot=Dist(0.0), cached_tokens=2),
+                                 server={"max_n": 4}) as (gw, up):
+        direct = openai.OpenAI(base_url=f"{up}/v1", api_key="x", max_retries=0)
+        through = openai.OpenAI(base_url=f"{gw}/v1", api_key="x", max_retries=0)
+        yield direct, through, up, gw
+        direct.close()
+        through.close()
 
 
 def _whole(resp: Any) -> dict[str, Any]:

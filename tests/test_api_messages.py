@@ -8,15 +8,11 @@ from collections.abc import Iterator
 from typing import Any
 
 import anthropic
+import gateway_support
 import httpx
 import pytest
-from conftest import LiveApp, wait_ready
 
-from redline.api.app import create_app
-from redline.backends.fake import FakeBackend
-from redline.backends.fake_upstream import Dist, UpstreamSpec, create_upstream
-from redline.backends.openai_compat import from_config
-from redline.config import RedlineConfig
+from redline.backends.fake_upstream import Dist, UpstreamSpec
 
 WEATHER = {"name": "get_weather", "description": "The weather in a city",
            "input_schema": {"type": "object", "properties": {"city": {"type": "string"}},
@@ -24,27 +20,14 @@ WEATHER = {"name": "get_weather", "description": "The weather in a city",
 ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
 
 
-class _Live(LiveApp):
-    def __enter__(self) -> _Live:
-        self.thread.start()
-        wait_ready(self.url, timeout=180)
-        return self
-
-
 @pytest.fixture(scope="module")
 def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[anthropic.Anthropic, str, str]]:
-    data = tmp_path_factory.mktemp("messages")
-    with _Live(create_upstream(UpstreamSpec(ttft=Dist(0.0), tpot=Dist(0.0), cached_tokens=1),
-                               name="served")) as up:
-        cfg = RedlineConfig(models=[{"name": "remote", "backend": "openai", "url": up.url,
-                                     "upstream_model": "served"},
-                                    {"name": "local", "bundled": "x"}],
-                            cache={"enabled": False}, server={"data_dir": str(data)})
-        backends = {"remote": from_config(cfg.models[0]), "local": FakeBackend("local")}
-        with _Live(create_app(cfg, backends=backends)) as gw:
-            client = anthropic.Anthropic(base_url=gw.url, api_key="x", max_retries=0)
-            yield client, gw.url, up.url
-            client.close()
+    with gateway_support.gateway(tmp_path_factory.mktemp("messages"),
+                                 UpstreamSpec(ttft=Dist(0.0), tpot=Dist(0.0), cached_tokens=1),
+                                 local=True) as (gw, up):
+        client = anthropic.Anthropic(base_url=gw, api_key="x", max_retries=0)
+        yield client, gw, up
+        client.close()
 
 
 def test_text(gateway: Any) -> None:

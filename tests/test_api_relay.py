@@ -1,6 +1,6 @@
 """The relay's fast paths: the per-token SSE chunk is OpenAI's chunk JSON (the JSON an
-OpenAI client parses); the server's offers to a response (HOLD_HEAD, WRITE_NOW in the
-scope's extensions) must not outlive the response (a reference cycle there is garbage for
+OpenAI client parses); the server's offer to a response (HOLD_HEAD in the scope's
+extensions) must not outlive the response (a reference cycle there is garbage for
 the collector on every request)."""
 from __future__ import annotations
 
@@ -12,7 +12,8 @@ import weakref
 import pytest
 
 from redline.api.chunks import ChunkEncoder
-from redline.api.sse import HOLD_HEAD, OFFERS, WRITE_NOW, EventStream
+from redline.api.services import services_of
+from redline.api.sse import HOLD_HEAD, OFFERS, EventStream
 from redline.types import Chunk
 
 TEXTS = ["Hello", " world", "quote \" and \\ backslash", "line\nbreak\ttab", "naïve — 日本語 🙂",
@@ -75,7 +76,7 @@ def test_event_stream_without_the_servers_offers_sends_everything_through_send()
         async def wrapped(message):  # a middleware that wraps send
             seen_by_middleware.append(message["type"])
             await send(message)
-        await EventStream(events(), first_ready=True, on_started=lambda w: None)(scope, receive, wrapped)
+        await EventStream(events(), first_ready=True)(scope, receive, wrapped)
 
     async def run() -> weakref.ref:
         cycle = _Cycle()
@@ -140,7 +141,7 @@ async def test_response_head_goes_out_with_the_first_event(first_ready):
 
     async def app(scope, receive, send):  # type: ignore[no-untyped-def]
         seen.append(scope)
-        assert {HOLD_HEAD, WRITE_NOW} <= set(scope["extensions"][OFFERS])  # what EventStream uses
+        assert HOLD_HEAD in scope["extensions"][OFFERS]  # what EventStream uses
         await EventStream(events(), first_ready=first_ready)(scope, receive, send)
 
     config = uvicorn.Config(app, log_level="warning", lifespan="off")
@@ -162,7 +163,7 @@ async def test_response_head_goes_out_with_the_first_event(first_ready):
     for _ in range(50):
         await asyncio.sleep(0)
     assert b"data: second\n\n" in transport.writes[n] and transport.writes[-1].endswith(b"0\r\n\r\n")
-    # the response is over: the server took its offers back from the scope (each closes
+    # the response is over: the server took its offer back from the scope (it closes
     # over the cycle that holds the scope: a reference cycle left for the collector)
     assert OFFERS not in seen[0].get("extensions", {})
     proto.connection_lost(None)
@@ -198,7 +199,7 @@ async def test_completion_routes_answer_json_bodies_as_fastapi_would(tmp_path):
     chat = {"model": "fake", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5}
     via_fastapi = {"content-type": "application/vnd.api+json"}
     async with app.router.lifespan_context(app):
-        while not app.state.pipeline.ready:
+        while not services_of(app).pipeline.ready:
             await asyncio.sleep(0.01)
         async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as c:
             ok = await c.post("/v1/chat/completions", json=chat)

@@ -13,6 +13,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from redline.api.app import create_app
+from redline.api.services import services_of
 from redline.backends.fake import FakeBackend
 from redline.cache import ResponseCache
 from redline.cache.embedder import HashingEmbedder
@@ -27,7 +28,7 @@ def make_app(tmp_path: Path, store_url: str | None = "memory://",
                         cache={"similarity_threshold": 0.8, **cache})
     backend = FakeBackend(words=("the", "answer", "is", "here"))
     app = create_app(cfg, backends={"fake": backend})
-    app.state.pipeline.cache.embedder = HashingEmbedder()  # no torch in these tests
+    services_of(app).pipeline.cache.embedder = HashingEmbedder()  # no torch in these tests
     return app, backend
 
 
@@ -57,7 +58,7 @@ def ask(client: TestClient, text: str, *, headers: dict[str, str] | None = None,
 
 def settle(client: TestClient) -> None:
     """Answers are stored in the background after the response; wait for that."""
-    cache = client.app.state.pipeline.cache  # type: ignore[attr-defined]
+    cache = services_of(client.app).pipeline.cache
     deadline = time.monotonic() + 5
     while cache._tasks and time.monotonic() < deadline:
         time.sleep(0.01)

@@ -9,6 +9,8 @@ import pytest
 from fastapi.testclient import TestClient
 from test_cache_api import ask, make_app, ready, settle
 
+from redline.api.services import services_of
+
 
 def test_two_replicas_on_one_redis_share_exact_and_semantic_hits(tmp_path: Path, redis_url: str) -> None:
     app_a, backend_a = make_app(tmp_path / "a", store_url=redis_url)
@@ -33,7 +35,7 @@ def test_two_replicas_on_one_redis_share_exact_and_semantic_hits(tmp_path: Path,
 
 def test_sqlite_cache_survives_restart(tmp_path: Path) -> None:
     app, _ = make_app(tmp_path, store_url=None)  # the default: sqlite under data_dir
-    assert app.state.config.store.url.startswith("sqlite:///")
+    assert services_of(app).config.store.url.startswith("sqlite:///")
     with TestClient(app) as client:
         ready(client)
         first = ask(client, "What are your opening hours?").json()
@@ -62,7 +64,7 @@ def test_real_embedder_semantic_hits_across_replicas_on_redis(tmp_path: Path, re
 
     with TestClient(app("a")) as a, TestClient(app("b")) as b:
         ready(a), ready(b)
-        assert a.app.state.pipeline.cache.index is not None  # type: ignore[attr-defined]
+        assert services_of(a.app).pipeline.cache.index is not None
         ask(a, "How can I reset my password?")
         settle(a)
         assert ask(b, "How do I reset my password?").headers["x-redline-cache"] == "semantic"

@@ -13,11 +13,15 @@ import pytest
 from redline.api.capabilities import check
 from redline.api.chunks import ChunkEncoder
 from redline.api.schemas import ChatCompletionRequest
+from redline.api.services import services_of
+from redline.backends.fake import FakeBackend
 from redline.cache.keys import cache_keys
 from redline.config import RedlineConfig
 from redline.errors import InvalidRequest
 from redline.jobs.spec import JobSpec
-from redline.types import Chunk, TokenLogprob, ToolCallDelta, TopLogprob, Usage, assemble
+from redline.routing.router import Router
+from redline.telemetry.metrics import Metrics
+from redline.types import Chunk, GenerationRequest, TokenLogprob, ToolCallDelta, TopLogprob, Usage, assemble
 
 TOOL = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
 OTHER = {"type": "function", "function": {"name": "g"}}
@@ -65,30 +69,48 @@ def test_answers_the_cache_cannot_hold_bypass_it() -> None:
         assert not gen(**body).use_cache
 
 
+def _router_check(cfg: RedlineConfig, request: GenerationRequest) -> None:
+    """The one capability check (Router.check), with the configured models' capabilities."""
+    router = Router({m.name: FakeBackend(m.name) for m in cfg.models}, cfg.models[0].name,
+                    cfg.routing, Metrics(enabled=False),
+                    capabilities={m.name: m.effective_capabilities() for m in cfg.models})
+    router.check(request)
+
+
 def test_capabilities_are_checked_against_the_configured_model() -> None:
     cfg = RedlineConfig(models=[{"name": "m", "bundled": "x"},
                                 {"name": "base", "bundled": "x", "capabilities": ["completions"]}],
                         server={"max_n": 2})
-    check(cfg, gen())
-    check(cfg, gen(logprobs=True, top_logprobs=5))  # the embedded engine serves logprobs
-    cases = [({"tools": [TOOL]}, "tools"),
-             ({"response_format": {"type": "json_object"}}, "response_format"),
-             ({"n": 2}, "n"), ({"n": 3}, "n"), ({"presence_penalty": 0.5}, "presence_penalty"),
-             ({"reasoning_effort": "low"}, "reasoning_effort"),
-             ({"messages": [{"role": "user", "content": [
-                 {"type": "image_url", "image_url": {"url": "http://x/y.png"}}]}]}, "messages")]
-    for body, param in cases:
+    for request in (gen(), gen(logprobs=True, top_logprobs=5)):  # the engine serves logprobs
+        check(cfg, request)
+        _router_check(cfg, request)
+    capability_cases = [
+        ({"tools": [TOOL]}, "tools"),
+        ({"response_format": {"type": "json_object"}}, "response_format"),
+        ({"messages": [{"role": "user", "content": [
+            {"type": "image_url", "image_url": {"url": "http://x/y.png"}}]}]}, "messages")]
+    for body, param in capability_cases:  # the router's (routing/capabilities.py)
+        check(cfg, gen(**body))
+        with pytest.raises(InvalidRequest) as err:
+            _router_check(cfg, gen(**body))
+        assert err.value.param == param, body
+    engine_cases = [({"n": 2}, "n"), ({"n": 3}, "n"), ({"presence_penalty": 0.5}, "presence_penalty"),
+                    ({"reasoning_effort": "low"}, "reasoning_effort")]
+    for body, param in engine_cases:  # the api's (api/capabilities.py)
         with pytest.raises(InvalidRequest) as err:
             check(cfg, gen(**body))
         assert err.value.param == param, body
     with pytest.raises(InvalidRequest) as err:
-        check(cfg, replace(gen(), model="base"))
+        _router_check(cfg, replace(gen(), model="base"))
     assert err.value.param == "model" and "completions only" in str(err.value)
+    assert err.value.code == "model_not_supported"
     with pytest.raises(InvalidRequest) as err:  # no model serves tools: auto cannot either
-        check(cfg, replace(gen(tools=[TOOL]), model="auto"))
+        _router_check(cfg, replace(gen(tools=[TOOL]), model="auto"))
     assert err.value.param == "tools"
     remote = RedlineConfig(models=[{"name": "m", "backend": "openai", "url": "http://x"}])
-    check(remote, gen(tools=[TOOL], logprobs=True, n=2, reasoning_effort="low"))
+    request = gen(tools=[TOOL], logprobs=True, n=2, reasoning_effort="low")
+    check(remote, request)
+    _router_check(remote, request)
 
 
 def test_jobs_refuse_what_they_cannot_carry() -> None:
@@ -140,14 +162,14 @@ def test_the_cache_keeps_answers_to_different_formats_and_tools_apart(tmp_path: 
     cfg = RedlineConfig(server={"data_dir": str(tmp_path)}, store={"url": "memory://"},
                         cache={"similarity_threshold": 0.5})
     app = create_app(cfg, backends={"fake": FakeBackend(words=("a", "b"))})
-    app.state.pipeline.cache.embedder = HashingEmbedder()
+    services_of(app).pipeline.cache.embedder = HashingEmbedder()
 
     def ask(c: TestClient, **extra: Any) -> str:
         r = c.post("/v1/chat/completions", json={
             "model": "fake", "temperature": 0, "max_tokens": 2,
             "messages": [{"role": "user", "content": "How do I reset my password?"}], **extra})
         assert r.status_code == 200, r.text
-        cache = app.state.pipeline.cache
+        cache = services_of(app).pipeline.cache
         deadline = time.monotonic() + 10
         while cache._tasks and time.monotonic() < deadline:  # the answer stored
             time.sleep(0.01)

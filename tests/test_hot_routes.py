@@ -21,6 +21,7 @@ from redline.api.app import create_app
 from redline.api.auth import digest
 from redline.api.hot import HotRoutes
 from redline.api.server import protocol
+from redline.api.services import services_of
 from redline.backends.fake import FakeBackend
 from redline.config import LimitsConfig, RedlineConfig
 from tests.conftest import free_port, wait_ready
@@ -136,20 +137,21 @@ def test_the_stacks_answers_come_first_and_bad_bodies_are_answered_hot(serve: An
         chunked = c.post("/v1/chat/completions", content=pieces(),
                          headers={"content-type": "application/json"})
         assert chunked.status_code == 200 and chunked.json()["choices"][0]["message"]["content"]
-        big = c.post("/v1/chat/completions", content=b"x" * (s.app.state.config.server.max_body_bytes + 1),
+        cap = services_of(s.app).config.server.max_body_bytes
+        big = c.post("/v1/chat/completions", content=b"x" * (cap + 1),
                      headers={"content-type": "application/json"})
         assert big.status_code == 413
 
         def too_many() -> Iterator[bytes]:  # chunked, past the limit: BodyLimit's 413 too
-            yield b"x" * s.app.state.config.server.max_body_bytes
+            yield b"x" * services_of(s.app).config.server.max_body_bytes
             yield b"x"
 
         assert c.post("/v1/chat/completions", content=too_many(),
                       headers={"content-type": "application/json"}).status_code == 413
-        s.app.state.draining = True  # ReadyGate: 503 + Retry-After, from the stack
+        services_of(s.app).draining = True  # ReadyGate: 503 + Retry-After, from the stack
         draining = c.post("/v1/chat/completions", json=CHAT)
         assert draining.status_code == 503 and draining.headers["retry-after"] == "1"
-        s.app.state.draining = False
+        services_of(s.app).draining = False
         assert c.post("/v1/chat/completions", json=CHAT).status_code == 200
         assert s.stacked == []
         assert len(s.outer) == 8  # every request went through the whole stack
@@ -181,10 +183,10 @@ def test_a_hot_stream_counts_as_in_flight(serve: Any) -> None:
         with c.stream("POST", "/v1/chat/completions", json={**CHAT, "stream": True}) as r:
             lines = r.iter_lines()
             assert next(lines).startswith("id: ")
-            assert s.app.state.inflight.n == 1  # the drain waits for it
+            assert services_of(s.app).inflight.n == 1  # the drain waits for it
             rest = list(lines)
         assert "data: [DONE]" in rest and s.stacked == []
-    assert s.app.state.inflight.n == 0
+    assert services_of(s.app).inflight.n == 0
 
 
 def _post_in_two(url: str, first: bytes, then: bytes, pause: float) -> http.client.HTTPResponse:

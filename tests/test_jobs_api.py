@@ -16,6 +16,7 @@ from fastapi.testclient import TestClient
 from jobs_support import WebhookReceiver, smtp_server, wait_job, wait_until
 
 from redline.api.app import create_app
+from redline.api.services import services_of
 from redline.backends.fake import FakeBackend
 from redline.config import load_config
 
@@ -58,7 +59,7 @@ def test_allow_background_degrades_a_request_that_would_miss_to_a_job(tmp_path: 
         wait_until(lambda: c.get("/readyz").status_code == 200)
         r = c.post("/v1/chat/completions", json={**CHAT, "tier": "S", "allow_background": True})
         assert r.status_code == 200  # no history yet: nothing predicts a miss
-        router = c.app.state.pipeline.router  # type: ignore[attr-defined]
+        router = services_of(c.app).pipeline.router
         for _ in range(10):  # the replica is now seen as 2 s to first token; S allows 1 s
             router.estimates.of(backend).observe_ttft(2.0, 0, 10)
         r = c.post("/v1/chat/completions", json={**CHAT, "tier": "S", "stream": True})
@@ -185,7 +186,7 @@ def test_scheduled_precompute_once_per_minute(tmp_path: Path) -> None:
     backend = FakeBackend()
     with make_client(tmp_path, backend=backend, schedule=schedule) as c:
         wait_until(lambda: c.get("/readyz").status_code == 200)
-        jobs = c.app.state.jobs  # type: ignore[attr-defined]
+        jobs = services_of(c.app).jobs
         minute = dt.datetime(2025, 1, 1, 10, 5)
         created = c.portal.call(jobs.scheduler.tick, minute)  # type: ignore[union-attr]
         again = c.portal.call(jobs.scheduler.tick, minute)  # type: ignore[union-attr]

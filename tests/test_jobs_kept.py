@@ -22,6 +22,7 @@ from fastapi.testclient import TestClient
 from jobs_support import wait_job, wait_until
 
 from redline.api.app import create_app
+from redline.api.services import services_of
 from redline.backends.fake import FakeBackend
 from redline.config import load_config
 
@@ -50,7 +51,7 @@ def test_acceptance_fsyncs_when_durable(tmp_path: Path, durable: bool, records: 
     """synchronous: 2 = FULL (the WAL is fsynced at each commit: a power cut keeps an
     accepted job), 1 = NORMAL, 0 = OFF (a process kill keeps it, a power cut may not)."""
     with make_client(tmp_path, durable=durable) as c:
-        jobs = c.app.state.jobs  # type: ignore[attr-defined]
+        jobs = services_of(c.app).jobs
         assert jobs.records._db.execute("pragma synchronous").fetchone()[0] == records
         conn = jobs.queue.storage.conn
         assert conn.execute("pragma synchronous").fetchone()[0] == queue

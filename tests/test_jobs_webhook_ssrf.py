@@ -24,6 +24,7 @@ from jobs_support import wait_job, wait_until
 
 from redline.api.app import create_app
 from redline.api.auth import digest
+from redline.api.services import services_of
 from redline.backends.fake import FakeBackend
 from redline.config import JobsConfig, load_config
 from redline.errors import InvalidRequest
@@ -219,7 +220,7 @@ def test_a_slow_endpoint_holds_no_worker_and_no_delete(tmp_path: Path, hook: Slo
         assert c.get(f"/v1/jobs/{first['id']}", headers=h("a")).json()["notifications"] == {
             "webhook": "sending"}
         # a queued job with a webhook, cancelled: the DELETE answers while its webhook waits
-        c.app.state.jobs.worker.ready = lambda: False  # type: ignore[attr-defined]
+        services_of(c.app).jobs.worker.ready = lambda: False
         third = c.post("/v1/chat/completions", headers=h("a"),
                        json={**CHAT, "background": True, "notify": {"webhook": hook.url}}).json()
         r = c.delete(f"/v1/jobs/{third['id']}", headers=h("a"))

@@ -17,6 +17,8 @@ import pytest
 from conftest import free_port
 from resilience_server import HardenedServer, fake_config
 
+from redline.api.services import services_of
+
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(shutil.which("redis-server") is None, reason="no redis-server")]
 
@@ -85,9 +87,10 @@ def test_redis_killed_mid_run(tmp_path: Path, redis: Redis) -> None:
         assert lost == [], lost[:5]
         assert hits_before < 40  # the cache answered some while Redis was up
         assert server.backend.calls - hits_before == 60  # after: the model answered all
-        limiter = server.app.state.limiter
+        limiter = services_of(server.app).limiter
         assert limiter.broken  # counting in memory now
-        assert not server.app.state.store.available  # the store's breaker is open: no reconnect per call
+        # the store's breaker is open: no reconnect per call
+        assert not services_of(server.app).store.available
         job = c.post("/v1/chat/completions", json={**chat(0), "background": True})
         assert job.status_code == 503, job.text
         assert job.json()["error"]["type"] == "overloaded_error" and "retry-after" in job.headers

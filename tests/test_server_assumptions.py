@@ -1,7 +1,7 @@
 """What api/server.py assumes of uvicorn's private interface, checked against the
 installed uvicorn (pinned in pyproject.toml): the httptools protocol's hooks and its
-response cycle's attributes that the server's offers (HOLD_HEAD, WRITE_NOW) read and
-swap. A uvicorn that renames any of them fails here, not in production."""
+response cycle's attributes that the server's offer (HOLD_HEAD) reads and swaps. A
+uvicorn that renames any of them fails here, not in production."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResp
 from uvicorn.server import ServerState
 
 from redline.api.server import GuardedHttpTools, protocol
-from redline.api.sse import HOLD_HEAD, OFFERS, WRITE_NOW
+from redline.api.sse import HOLD_HEAD, OFFERS
 from redline.config import LimitsConfig
 from tests.test_api_relay import _Transport
 
@@ -46,11 +46,9 @@ async def test_a_live_cycle_has_what_the_offers_read() -> None:
         cycle = proto_box[0].cycle
         seen["cycle"] = cycle
         seen["offers"] = dict(scope["extensions"][OFFERS])
-        # read while the response is under way: what _write_now and _HeldWrite use
+        # read while the response is under way: what _HeldWrite uses
         await send({"type": "http.response.start", "status": 200, "headers": []})
-        seen["attrs"] = {name: getattr(cycle, name) for name in (
-            "chunked_encoding", "response_complete", "disconnected", "transport", "scope")}
-        seen["write_paused"] = cycle.flow.write_paused
+        seen["attrs"] = {name: getattr(cycle, name) for name in ("transport", "scope")}
         await send({"type": "http.response.body", "body": b"x", "more_body": False})
 
     config = uvicorn.Config(app, log_level="warning", lifespan="off")
@@ -62,11 +60,9 @@ async def test_a_live_cycle_has_what_the_offers_read() -> None:
     for _ in range(50):
         await asyncio.sleep(0)
     assert isinstance(seen["cycle"], RequestResponseCycle)
-    assert set(seen["offers"]) == {HOLD_HEAD, WRITE_NOW}
+    assert set(seen["offers"]) == {HOLD_HEAD}
     attrs = seen["attrs"]
-    assert attrs["chunked_encoding"] is True  # no content-length: chunked, as SSE is
-    assert attrs["response_complete"] is False and attrs["disconnected"] is False
-    assert attrs["transport"] is transport and seen["write_paused"] is False
+    assert attrs["transport"] is transport and attrs["scope"] is seen["cycle"].scope
     assert b"".join(transport.writes).endswith(b"1\r\nx\r\n0\r\n\r\n")
     assert OFFERS not in seen["cycle"].scope["extensions"]  # taken back at the end
     proto.connection_lost(None)

@@ -11,6 +11,7 @@ import httpx
 import pytest
 
 from redline.api.app import create_app
+from redline.api.services import services_of
 from redline.backends.fake import FakeBackend
 from redline.config import RedlineConfig, StreamsConfig
 from redline.errors import NotFound
@@ -283,7 +284,7 @@ async def client(tmp_path):
                         models=[{"name": "fake", "bundled": "fake"}])
     app = create_app(cfg, backends={"fake": FakeBackend(tpot_s=0.001)})
     async with app.router.lifespan_context(app):
-        while not app.state.pipeline.ready:
+        while not services_of(app).pipeline.ready:
             await asyncio.sleep(0.01)
         async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
                                      base_url="http://t") as c:

@@ -17,6 +17,7 @@ from jobs_support import wait_job, wait_until
 
 from redline.api.app import create_app
 from redline.api.auth import digest
+from redline.api.services import services_of
 from redline.backends.fake import FakeBackend
 from redline.config import load_config
 
@@ -163,7 +164,7 @@ def test_another_tenant_cannot_change_an_object(client: TestClient) -> None:
 def test_a_job_cancelled_by_another_key_stays_queued(client: TestClient) -> None:
     """With the worker claiming nothing the job stays queued: another key's DELETE is a
     404 and changes nothing; the owner's cancels it."""
-    client.app.state.jobs.worker.ready = lambda: False  # nothing is claimed
+    services_of(client.app).jobs.worker.ready = lambda: False  # nothing is claimed
     r = client.post("/v1/chat/completions", headers=headers("owner"),
                     json={**CHAT, "background": True})
     job = r.json()["id"]

@@ -5,6 +5,8 @@
           → pipeline.prepare → (jobs_routes: 202) | pipeline.open → JSON or sse.EventStream
       → FastAPI's router: every other route (*_routes.py)
 
-services.py builds what the routes use, once; errors.py turns every error into OpenAI's
-shape.
+services.py builds what the routes use, once, and every route reaches it through
+`services_of(request.app)`; errors.py turns every error into OpenAI's shape. A stream's
+events go out through the ASGI `send` of its response (sse.EventStream); the streams
+package never sees a connection.
 """

@@ -8,6 +8,7 @@ from typing import Any
 from fastapi import APIRouter, Depends, Query, Request
 
 from redline.api.auth import require_admin
+from redline.api.services import services_of
 
 router = APIRouter(dependencies=[Depends(require_admin)])  # operators only
 
@@ -15,7 +16,7 @@ router = APIRouter(dependencies=[Depends(require_admin)])  # operators only
 @router.get("/v1/admin/slow")
 async def slow(request: Request, limit: int = Query(50, ge=1, le=1000)) -> dict[str, Any]:
     """Recent requests over their tier's budget, newest first, with their stage breakdown."""
-    records = await request.app.state.longtail.recent(limit)
+    records = await services_of(request.app).longtail.recent(limit)
     return {"object": "list", "data": records}
 
 
@@ -23,7 +24,7 @@ async def slow(request: Request, limit: int = Query(50, ge=1, le=1000)) -> dict[
 async def stats(request: Request,
                 window_s: float = Query(300.0, gt=0, le=3600)) -> dict[str, Any]:
     """What the dashboard page polls: this replica's last `window_s` seconds."""
-    state = request.app.state
+    state = services_of(request.app)
     metrics = state.metrics
     live = state.live.summary(window_s) if state.live is not None else None
     return {

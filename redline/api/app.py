@@ -76,13 +76,13 @@ def create_app(config: RedlineConfig, backends: Mapping[str, Backend] | None = N
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         # load in the background: /healthz answers at once, /readyz once warm
-        app.state.loader = asyncio.create_task(_start(pipeline, services))
+        loader = services.loader = asyncio.create_task(_start(pipeline, services))
         await services.jobs.start(run_worker=config.jobs.worker_in_server)
         try:
             yield
         finally:
-            app.state.draining = True
-            app.state.loader.cancel()
+            services.draining = True
+            loader.cancel()
             await services.jobs.stop()  # running jobs go back to the queue
             await services.streams.close()
             await pipeline.close()
@@ -92,7 +92,7 @@ def create_app(config: RedlineConfig, backends: Mapping[str, Backend] | None = N
     app = FastAPI(title="redline", version="0.1.0", lifespan=lifespan,
                   description="Low-latency LLM serving layer, OpenAI-compatible.",
                   **otel_options())  # type: ignore[arg-type]  # FastAPI's keywords, typed one by one
-    _expose(app, services)
+    app.state.services = services  # the only thing kept there: read it with services_of(app)
     errors.install(app)
 
     app.include_router(ops_routes.router)
@@ -110,32 +110,14 @@ def create_app(config: RedlineConfig, backends: Mapping[str, Backend] | None = N
     app.add_middleware(HotRoutes, services=services)
     app.add_middleware(CountInflight, inflight=services.inflight)
     app.add_middleware(RateLimit, limiter=services.limiter)
-    app.add_middleware(ReadyGate, is_ready=lambda: pipeline.ready and not app.state.draining,
-                       why=lambda: "draining" if app.state.draining else "the models are still loading")
+    app.add_middleware(ReadyGate, is_ready=lambda: pipeline.ready and not services.draining,
+                       why=lambda: "draining" if services.draining else "the models are still loading")
     app.add_middleware(Auth, config=config.auth)
     app.add_middleware(BodyTimeout, timeout=config.limits.body_timeout_s)
     app.add_middleware(BodyLimit, limit=config.server.max_body_bytes,
                        per_path={"/v1/files": config.jobs.max_file_bytes + 64 * 1024})
     document(app, config.auth)
     return app
-
-
-def _expose(app: FastAPI, services: Services) -> None:
-    """The services on app.state, where the routes read them."""
-    state = app.state
-    state.services = services
-    state.config = services.config
-    state.pipeline = services.pipeline
-    state.metrics = services.metrics
-    state.store = services.store
-    state.streams = services.streams
-    state.limiter = services.limiter
-    state.jobs = services.jobs
-    state.longtail = services.longtail
-    state.live = services.live
-    state.inflight = services.inflight
-    state.started_at = services.started_at
-    state.draining = False  # set by the drain (SIGTERM, api/server.py) and at shutdown
 
 
 async def _start(pipeline: Pipeline, services: Services) -> None:

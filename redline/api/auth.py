@@ -23,6 +23,7 @@ from fastapi import FastAPI, Request
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from redline.api.middleware import send_error
+from redline.api.services import services_of
 from redline.config import ApiKey, AuthConfig
 from redline.errors import AuthenticationFailed, PermissionDenied
 
@@ -122,7 +123,7 @@ def is_admin(key: ApiKey | None, keys_configured: bool) -> bool:
 def require_admin(request: Request) -> None:
     """Route dependency of the operator routes: 403 for a valid key that is not admin
     (Auth has answered 401 already for no key or a wrong one)."""
-    keys_configured = bool(request.app.state.config.auth.keys)
+    keys_configured = bool(services_of(request.app).config.auth.keys)
     if not is_admin(request.scope.get("state", {}).get("api_key"), keys_configured):
         raise PermissionDenied("This route needs an API key with role 'admin'.")
 

@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from redline.api.jobs_routes import idempotency_key
 from redline.api.schemas import Notify
+from redline.api.services import services_of
 from redline.api.tenant import tenant_of
 from redline.errors import InvalidRequest, NotFound, PayloadTooLarge
 from redline.jobs.batch import describe_batch
@@ -28,7 +29,7 @@ PURPOSES = ("batch",)
 
 
 def _jobs(request: Request) -> JobService:
-    return request.app.state.jobs  # type: ignore[no-any-return]
+    return services_of(request.app).jobs
 
 
 def _page(items: list[dict[str, Any]], has_more: bool) -> dict[str, Any]:
@@ -48,7 +49,7 @@ async def upload_file(request: Request, file: Annotated[UploadFile, File()],
                       purpose: Annotated[str, Form()]) -> dict[str, Any]:
     if purpose not in PURPOSES:
         raise InvalidRequest(f"purpose must be one of {list(PURPOSES)}", param="purpose")
-    cap = request.app.state.config.jobs.max_file_bytes
+    cap = services_of(request.app).config.jobs.max_file_bytes
     content = await file.read(cap + 1)
     if len(content) > cap:
         raise PayloadTooLarge(f"The file is larger than the limit of {cap} bytes.")

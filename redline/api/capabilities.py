@@ -1,46 +1,30 @@
-"""What a request needs of its model, checked against the configuration before it is
-routed: a capability the model lacks is a 400 with `param` set, never a silent drop.
+"""What the api refuses of a request before it is routed, beyond its schema: more choices
+than the server allows, and what the embedded engine does not serve (penalties,
+logit_bias, several choices, fields redline does not model, earlier tool turns), a 400
+with `param` set rather than a silent drop. A remote OpenAI-compatible model gets every
+field (the upstream decides).
 
-A remote OpenAI-compatible model gets every field (the upstream decides); the embedded
-engine serves only what redline implements on it, so anything else it is asked for
-(several choices, penalties, logit_bias, fields redline does not model) is refused here
-rather than ignored."""
+Whether the model has the capabilities the request needs (chat or completions, tools,
+json_schema, vision, logprobs) is not checked here: the router checks that, once, for
+every request it plans (routing/capabilities.py, Router.check), after an A/B arm may
+have changed the model; two copies of that check had drifted apart in their answers."""
 
 from __future__ import annotations
 
 from redline.config import ModelConfig, RedlineConfig
 from redline.errors import InvalidRequest
-from redline.routing.capabilities import Capabilities
 from redline.types import GenerationRequest
 
-# the request field that asks for each capability, named in the 400
-_PARAM = {"chat": "messages", "completions": "prompt", "tools": "tools",
-          "json_schema": "response_format", "vision": "messages", "logprobs": "logprobs"}
 
-
-def check(config: RedlineConfig, request: GenerationRequest, auto: str = "auto") -> None:
-    """Raise InvalidRequest when no configured model could serve `request`: the named one
-    (not in the configuration, e.g. a test's fake: not checked), or for `auto` any."""
+def check(config: RedlineConfig, request: GenerationRequest) -> None:
+    """Raise InvalidRequest for more than `max_n` choices, or for what the named model's
+    embedded engine does not serve (a model not in the configuration, e.g. a test's
+    fake, and `auto` are not checked here)."""
     if request.sampling.n > config.server.max_n:
         raise InvalidRequest(f"n is {request.sampling.n}; this server allows at most "
                              f"{config.server.max_n} choices.", param="n")
-    needs = request.needs()
-    if request.model == auto:
-        if not any(needs <= m.effective_capabilities() for m in config.models):
-            missing = sorted(needs - set().union(*(m.effective_capabilities() for m in config.models)))
-            raise InvalidRequest(f"No model here serves {', '.join(missing) or 'this request'}.",
-                                 param=_PARAM.get(missing[0], None) if missing else None)
-        return
     model = next((m for m in config.models if m.name == request.model), None)
-    if model is None:
-        return
-    missing = sorted(needs - model.effective_capabilities())
-    if {"chat", "completions"} & set(missing):  # the wrong kind of model: param "model"
-        Capabilities({model.name: model.effective_capabilities()}).check(model.name, needs)
-    if missing:
-        raise InvalidRequest(f"The model `{model.name}` does not support "
-                             f"{', '.join(missing)}.", param=_PARAM[missing[0]])
-    if model.backend == "local":
+    if model is not None and model.backend == "local":
         _local(model, request)
 
 

@@ -20,8 +20,8 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict, Field
 
+from redline.api.services import services_of
 from redline.cache.embedder import MiniLMEmbedder, load_minilm
-from redline.config import RedlineConfig
 from redline.errors import BackendError, InvalidRequest, ModelNotFound
 
 router = APIRouter()
@@ -67,10 +67,11 @@ def _encode(vector: np.ndarray, fmt: str) -> Any:
 async def _embedder(request: Request) -> MiniLMEmbedder:
     """The semantic cache's copy when it has loaded one, else the same one loaded now
     (load_minilm keeps one per directory and thread setting)."""
-    cache = request.app.state.pipeline.cache
+    services = services_of(request.app)
+    cache = services.pipeline.cache
     if cache is not None and isinstance(cache.embedder, MiniLMEmbedder):
         return cache.embedder
-    config: RedlineConfig = request.app.state.config
+    config = services.config
     threads = cache.embedder_threads if cache is not None else 1
     return await asyncio.to_thread(load_minilm, config.cache.embedder_path, threads)
 
@@ -103,7 +104,7 @@ async def _local(request: Request, body: EmbeddingRequest) -> Response:
 
 
 async def _remote(request: Request, body: EmbeddingRequest, name: str) -> Response:
-    config: RedlineConfig = request.app.state.config
+    config = services_of(request.app).config
     model = next(m for m in config.models if m.name == name)
     sent = body.model_dump(exclude_none=True) | {"model": model.upstream_model or name}
     headers = {"Authorization": f"Bearer {model.api_key}"} if model.api_key else {}
@@ -128,7 +129,7 @@ async def _remote(request: Request, body: EmbeddingRequest, name: str) -> Respon
 async def embeddings(body: EmbeddingRequest, request: Request) -> Response:
     if body.model == LOCAL_MODEL:
         return await _local(request, body)
-    config: RedlineConfig = request.app.state.config
+    config = services_of(request.app).config
     if any(m.name == body.model and m.backend == "openai" for m in config.models):
         return await _remote(request, body, body.model)
     raise ModelNotFound(f"The model `{body.model}` does not exist or serves no embeddings "

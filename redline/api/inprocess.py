@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator
 import httpx
 
 from redline.api.app import create_app
+from redline.api.services import services_of
 from redline.config import RedlineConfig
 
 
@@ -20,9 +21,10 @@ async def in_process_client(config: RedlineConfig, timeout: float = 600.0,
     async with app.router.lifespan_context(app):
         loop = asyncio.get_running_loop()
         deadline = loop.time() + ready_timeout
-        while not app.state.pipeline.ready:
-            loader = app.state.loader
-            if loader.done() and loader.exception() is not None:
+        services = services_of(app)
+        while not services.pipeline.ready:
+            loader = services.loader
+            if loader is not None and loader.done() and loader.exception() is not None:
                 raise RuntimeError("the models did not start") from loader.exception()
             if loop.time() > deadline:
                 raise TimeoutError(f"not ready after {ready_timeout} s")

@@ -6,17 +6,14 @@ from __future__ import annotations
 from typing import Any
 
 from fastapi import APIRouter, Request
-from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from pydantic import ValidationError
 
-from redline.api.errors import validation_error
 from redline.api.schemas import ChatCompletionRequest, CompletionRequest
+from redline.api.services import services_of
 from redline.api.tenant import tenant_of
-from redline.api.unicode import check_text
 from redline.errors import InvalidRequest, NotFound
 from redline.jobs.service import JobService, describe
-from redline.jobs.spec import ENDPOINTS, Endpoint, JobSpec
+from redline.jobs.spec import Endpoint, JobSpec
 from redline.pipeline import Pipeline
 from redline.types import GenerationRequest
 
@@ -24,23 +21,7 @@ router = APIRouter()
 
 
 def _jobs(request: Request) -> JobService:
-    return request.app.state.jobs  # type: ignore[no-any-return]
-
-
-def decode_body(url: str, body: dict[str, Any]) -> JobSpec:
-    """A request body of `url` (a batch line, a scheduled job) as a job spec; bad bodies
-    raise InvalidRequest just as the live endpoint would answer them."""
-    endpoint = ENDPOINTS.get(url)
-    if endpoint is None:
-        raise InvalidRequest(f"Unsupported url {url!r}; use one of {sorted(ENDPOINTS)}.",
-                             param="url")
-    schema = ChatCompletionRequest if endpoint == "chat" else CompletionRequest
-    check_text(body)
-    try:
-        parsed = schema.model_validate(body)
-    except ValidationError as exc:
-        raise validation_error(RequestValidationError(exc.errors())) from exc
-    return JobSpec.of(endpoint, parsed.to_generation(parsed.tier, "anonymous"))
+    return services_of(request.app).jobs
 
 
 def idempotency_key(request: Request) -> str | None:
@@ -63,7 +44,8 @@ def wants_job(body: ChatCompletionRequest | CompletionRequest, gen: GenerationRe
 async def accept(request: Request, body: ChatCompletionRequest | CompletionRequest,
                  gen: GenerationRequest, kind: str) -> JSONResponse:
     """Queue the request as a job: 202 with the job object."""
-    request.app.state.pipeline.resolve(gen.model)  # 404 now, not in the job ("auto" stays)
+    # 404 or a capability's 400 now, not in the job ("auto" stays; the worker plans it)
+    services_of(request.app).pipeline.router.check(gen)
     gen.tier = "B"  # the worker serves it with tier B's budget (no tier-S shortening)
     notify = body.notify.model_dump(exclude_none=True) if body.notify else {}
     endpoint: Endpoint = "chat" if kind == "chat" else "text"

@@ -14,10 +14,10 @@ from fastapi.responses import Response, StreamingResponse
 from pydantic import ValidationError
 
 from redline.api import anthropic, capabilities
+from redline.api.services import services_of
 from redline.api.tenant import tenant_from
 from redline.errors import InvalidRequest, RedlineError
-from redline.pipeline import Completion, Pipeline
-from redline.routing.names import AUTO
+from redline.pipeline import Completion
 from redline.types import Chunk, assemble
 
 router = APIRouter()
@@ -42,8 +42,9 @@ async def messages(request: Request) -> Response:
         gen = body.to_generation(headers.get("x-redline-tier") or body.tier,
                                  tenant_from(request.scope, headers.get("authorization", "")),
                                  "no-cache" in headers.get("cache-control", "").lower())
-        capabilities.check(request.app.state.config, gen, AUTO)
-        pipeline: Pipeline = request.app.state.pipeline
+        services = services_of(request.app)
+        capabilities.check(services.config, gen)  # the model's capabilities: the router's
+        pipeline = services.pipeline
         completion = await pipeline.complete(gen)
     except RedlineError as exc:
         return _error(exc.status, exc.message)

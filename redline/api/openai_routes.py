@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
@@ -13,6 +13,7 @@ from redline.api import capabilities, jobs_routes, sse
 from redline.api.chunks import ChunkEncoder
 from redline.api.limits import reserve_tokens
 from redline.api.schemas import ChatCompletionRequest, CompletionRequest
+from redline.api.services import Services, services_of
 from redline.api.tenant import tenant_from
 from redline.api.unicode import check_text
 from redline.closing import aclose
@@ -20,11 +21,7 @@ from redline.errors import InvalidRequest
 from redline.pipeline import Completion
 from redline.routing.names import AUTO, parse_tier
 from redline.streams import Progress, StreamManager
-from redline.streams.live import WriteThrough
 from redline.types import Chunk, assemble, new_id
-
-if TYPE_CHECKING:
-    from redline.api.services import Services
 
 router = APIRouter()
 
@@ -58,8 +55,9 @@ def _headers(c: Completion, request_id: str) -> dict[str, str]:
 
 @router.get("/v1/models")
 async def list_models(request: Request) -> dict[str, Any]:
-    created = int(request.app.state.started_at)
-    names = [*request.app.state.services.pipeline.model_names(), AUTO]
+    services = services_of(request.app)
+    created = int(services.started_at)
+    names = [*services.pipeline.model_names(), AUTO]
     return {"object": "list",
             "data": [{"id": n, "object": "model", "created": created, "owned_by": "redline"}
                      for n in names]}
@@ -69,12 +67,12 @@ async def list_models(request: Request) -> dict[str, Any]:
 # the rest (another content type) and describe the routes in /openapi.json
 @router.post("/v1/chat/completions", response_model=None)
 async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
-    return await serve(request.app.state.services, request, body, "chat")
+    return await serve(services_of(request.app), request, body, "chat")
 
 
 @router.post("/v1/completions", response_model=None)
 async def completions(body: CompletionRequest, request: Request) -> Response:
-    return await serve(request.app.state.services, request, body, "text")
+    return await serve(services_of(request.app), request, body, "text")
 
 
 async def serve(services: Services, request: Request,
@@ -92,18 +90,20 @@ async def serve(services: Services, request: Request,
         if len(session) > 256:
             raise InvalidRequest("X-Session-ID is longer than 256 characters", param="X-Session-ID")
         gen.session = session
-    capabilities.check(services.config, gen, AUTO)
+    capabilities.check(services.config, gen)  # n, the embedded engine's fields
     pipeline = services.pipeline
     if jobs_routes.wants_job(body, gen, pipeline):  # tier B or "background": 202 + a job
         return await jobs_routes.accept(request, body, gen, gen_kind)
-    await reserve_tokens(services.limiter, request.scope, gen)  # a job is charged as it runs
     request_id = asked.get(b"x-request-id") or gen.id
     streams = services.streams
-    prepared = await pipeline.prepare(gen)  # arm, cache, route plan: nothing sent yet
+    # arm, cache, route plan (a 404 or a capability's 400 here): nothing sent yet
+    prepared = await pipeline.prepare(gen)
     if prepared.would_miss:  # allow_background: a job now beats a first token past the budget
         response = await jobs_routes.accept(request, body, gen, gen_kind)
         response.headers["X-Redline-Degraded"] = "background"
         return response
+    # after the plan, so a request refused by it holds no tokens; a job is charged as it runs
+    await reserve_tokens(services.limiter, request.scope, gen)
     parts = (_StreamParts(gen, gen_kind, body.include_usage, streams, prepared.model, prepared.tier)
              if body.stream else None)
     completion = await pipeline.open(prepared)
@@ -131,9 +131,7 @@ async def serve(services: Services, request: Request,
             await aclose(events)  # closes the chunks: frees the upstream or engine sequence
             raise
         live = streams.start(stream_id, events, tenant=gen.tenant, first=first)
-        through = WriteThrough()  # the producer writes the tokens once the response is under way
-        return sse.EventStream(streams.follow(live, through=through), headers=headers,
-                               first_ready=bool(first), on_started=through.offer)
+        return sse.EventStream(streams.follow(live), headers=headers, first_ready=bool(first))
     encoder = ChunkEncoder(gen_kind, gen.id, completion.model)  # type: ignore[arg-type]
     got = [chunk async for chunk in completion.chunks]
     payload = encoder.full(assemble(got, gen.sampling.n), completion.usage,

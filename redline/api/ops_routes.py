@@ -6,6 +6,8 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
+from redline.api.services import services_of
+
 router = APIRouter()
 
 
@@ -16,13 +18,13 @@ async def healthz() -> dict[str, str]:
 
 @router.get("/readyz")
 async def readyz(request: Request) -> JSONResponse:
-    state = request.app.state
-    if state.pipeline.ready and not state.draining:
+    services = services_of(request.app)
+    if services.pipeline.ready and not services.draining:
         return JSONResponse({"status": "ready"})
-    reason = "draining" if state.draining else "loading"
+    reason = "draining" if services.draining else "loading"
     return JSONResponse({"status": reason}, status_code=503, headers={"Retry-After": "1"})
 
 
 @router.get("/metrics")
 async def metrics(request: Request) -> Response:
-    return Response(request.app.state.metrics.render(), media_type=CONTENT_TYPE_LATEST)
+    return Response(services_of(request.app).metrics.render(), media_type=CONTENT_TYPE_LATEST)

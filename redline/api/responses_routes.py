@@ -24,13 +24,12 @@ from fastapi.responses import Response, StreamingResponse
 from redline.api import capabilities, sse
 from redline.api import responses_request as rq
 from redline.api.responses_output import DONE, Output, outcome, response_json
+from redline.api.services import services_of
 from redline.api.tenant import tenant_of
 from redline.errors import InvalidRequest, NotFound
-from redline.pipeline import Completion, Pipeline
+from redline.pipeline import Completion
 from redline.responses import ResponseRecord, ResponseRecords
-from redline.routing.names import AUTO
-from redline.streams import Progress, StreamManager
-from redline.streams.live import WriteThrough
+from redline.streams import Progress
 from redline.types import FinishReason
 
 router = APIRouter()
@@ -43,7 +42,8 @@ _FINAL = {"completed": "response.completed", "incomplete": "response.incomplete"
 
 
 def _records(request: Request) -> ResponseRecords:
-    return ResponseRecords(request.app.state.store, request.app.state.config.responses.ttl_s)
+    services = services_of(request.app)
+    return ResponseRecords(services.store, services.config.responses.ttl_s)
 
 
 def _not_found(response_id: str, param: str | None = None) -> NotFound:
@@ -70,19 +70,19 @@ async def create(request: Request) -> Response:
         raise InvalidRequest("X-Redline-Tier must be one of S, A, B, auto", param="tier")
     gen = rq.generation(body, context + items, tier, tenant,
                         "no-cache" in request.headers.get("cache-control", "").lower())
+    services = services_of(request.app)
     try:
-        capabilities.check(request.app.state.config, gen, AUTO)
+        capabilities.check(services.config, gen)
+        completion = await services.pipeline.complete(gen)  # the router checks capabilities
     except InvalidRequest as exc:  # named as this API names the field
         exc.param = _PARAMS.get(exc.param or "", exc.param)
         raise
-    pipeline: Pipeline = request.app.state.pipeline
-    completion = await pipeline.complete(gen)
     response_id = gen.id.replace("req-", "resp_")
     headers = {"X-Request-Id": response_id, "X-Redline-Model": completion.model,
                "X-Redline-Tier": completion.tier, "X-Redline-Cache": completion.cache}
     run = _Run(body, response_id, completion, records, items, context)
     if body.stream:
-        streams: StreamManager = request.app.state.streams
+        streams = services_of(request.app).streams
         events = run.events(streams.progress(gen, completion.model, completion.tier))
         headers |= {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
         if not body.store:  # kept nowhere, not even in a journal: not resumable
@@ -99,9 +99,7 @@ async def create(request: Request) -> Response:
             await events.aclose()
             raise
         live = streams.start(response_id, events, tenant=tenant, first=first)
-        through = WriteThrough()  # the producer writes events once the response is under way
-        return sse.EventStream(streams.follow(live, through=through), headers=headers,
-                               first_ready=bool(first), on_started=through.offer)
+        return sse.EventStream(streams.follow(live), headers=headers, first_ready=bool(first))
     async for chunk in completion.chunks:
         run.output.add(chunk)
         run.note(chunk.finish_reason, chunk.error)
@@ -199,7 +197,7 @@ async def retrieve(response_id: str, request: Request) -> Response:
         if not after.lstrip("-").isdigit() or int(after) < -1:
             raise InvalidRequest("starting_after must be an event's sequence_number.",
                                  param="starting_after")
-        streams: StreamManager = request.app.state.streams
+        streams = services_of(request.app).streams
         try:  # sequence numbers count from 0: events after N are those past the N+1 first
             events = await streams.open(response_id, int(after) + 1, tenant=tenant)
         except NotFound:
@@ -222,7 +220,7 @@ async def delete(response_id: str, request: Request) -> dict[str, Any]:
         raise InvalidRequest(f"Response '{response_id}' is still in progress.",
                              param="response_id")
     await records.delete(response_id, tenant)
-    streams: StreamManager = request.app.state.streams
+    streams = services_of(request.app).streams
     await streams.journal.drop(response_id)  # nor can its stream be replayed any more
     return {"id": response_id, "object": "response.deleted", "deleted": True}
 

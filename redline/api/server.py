@@ -19,7 +19,6 @@ import json
 import logging
 import signal
 import time
-from collections.abc import Callable
 from types import FrameType
 from typing import Any
 
@@ -30,8 +29,8 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 # llhttp in C (httptools, a dependency): a fraction of h11's cost per request and chunk
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from redline.api.services import Inflight
-from redline.api.sse import HOLD_HEAD, OFFERS, WRITE_NOW
+from redline.api.services import Inflight, Services, services_of
+from redline.api.sse import HOLD_HEAD, OFFERS
 from redline.config import LimitsConfig
 from redline.errors import Overloaded
 
@@ -154,34 +153,18 @@ class GuardedHttpTools(_HeaderDeadline, HttpToolsProtocol):
         super().on_headers_complete()
         cycle = self.cycle
         if cycle is not None and cycle.scope is self.scope:  # not an upgrade
-            # the server's offers to EventStream (api/sse.py), an ASGI extension
+            # the server's offer to EventStream (api/sse.py), an ASGI extension
             self.scope.setdefault("extensions", {})[OFFERS] = {
-                HOLD_HEAD: lambda: _HeldWrite(cycle).release, WRITE_NOW: _write_now(cycle)}
+                HOLD_HEAD: lambda: _HeldWrite(cycle).release}
 
 
 def _withdraw(cycle: Any) -> None:
-    """Take the offers back from a response's scope: each closes over the cycle that
+    """Take the offer back from a response's scope: it closes over the cycle that
     holds the scope, a reference cycle that only the collector would free (a 5-10 ms
     pause every second or so under load)."""
     extensions = cycle.scope.get("extensions") if cycle is not None else None
     if extensions:
         extensions.pop(OFFERS, None)
-
-
-def _write_now(cycle: Any) -> Callable[[bytes], bool]:
-    """WRITE_NOW (see api/sse.py) for one response of uvicorn's httptools protocol: a body
-    chunk, framed as its `send` frames it, written at once. False, and nothing written,
-    unless the response is chunked and under way, and the client keeps up (its transport
-    is not paused: else `send` must wait for it to drain)."""
-
-    def write_now(chunk: bytes) -> bool:
-        if (cycle.chunked_encoding is not True or cycle.response_complete
-                or cycle.disconnected or cycle.flow.write_paused or not chunk):
-            return False
-        cycle.transport.write(b"%x\r\n%b\r\n" % (len(chunk), chunk))
-        return True
-
-    return write_now
 
 
 class _HeldWrite:
@@ -226,16 +209,16 @@ class DrainingServer(uvicorn.Server):
     balancer keeps getting 503 from /readyz (and new requests 503) while the running
     ones finish; the server exits when none are left or at the drain deadline."""
 
-    def __init__(self, config: uvicorn.Config, app_state: Any, inflight: Inflight,
-                 drain_timeout_s: float) -> None:
+    def __init__(self, config: uvicorn.Config, services: Services, drain_timeout_s: float) -> None:
         super().__init__(config)
-        self.app_state, self.inflight, self.drain_timeout_s = app_state, inflight, drain_timeout_s
+        self.services, self.inflight = services, services.inflight
+        self.drain_timeout_s = drain_timeout_s
         self.drain_started: float | None = None
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         if self.drain_started is None and sig in (signal.SIGTERM, signal.SIGINT):
             self.drain_started = time.monotonic()
-            self.app_state.draining = True
+            self.services.draining = True
             log.info("signal %d: draining %d running request(s), at most %.0f s",
                      sig, self.inflight.n, self.drain_timeout_s)
             return
@@ -264,7 +247,7 @@ def _loop() -> str:
 
 
 def build(app: Any, host: str, port: int, limits: LimitsConfig, log_level: str = "info") -> DrainingServer:
-    """A server for `app` (made by `create_app`, which installs `app.state.inflight`)."""
+    """A server for `app` (made by `create_app`: its services count and drain requests)."""
     config = uvicorn.Config(
         app, host=host, port=port, log_level=log_level, access_log=False,
         http=protocol(limits), lifespan="on", loop=_loop(),
@@ -272,7 +255,7 @@ def build(app: Any, host: str, port: int, limits: LimitsConfig, log_level: str =
         # the drain already waited for running requests; what is left after it is cut
         timeout_graceful_shutdown=1,
     )
-    return DrainingServer(config, app.state, app.state.inflight, limits.drain_timeout_s)
+    return DrainingServer(config, services_of(app), limits.drain_timeout_s)
 
 
 def run(app: Any, host: str, port: int, limits: LimitsConfig, log_level: str = "info") -> None:

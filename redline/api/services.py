@@ -3,8 +3,10 @@
     config → backends → router, cache, experiments → observers → Pipeline → jobs
 
 `build()` is the one factory: nothing is attached or appended afterwards. The app
-(api/app.py) puts the result on `app.state` for its routes; the process-wide tuning
-(threads, the collector) is `redline serve`'s (redline/tuning.py), not done here.
+(api/app.py) keeps the result as `app.state.services`, the one thing it keeps there, and
+every route, the server and the command line reach it through `services_of(app)`: a
+reader follows each service from here, not from a bag of names on `app.state`. The
+process-wide tuning (threads, the collector) is `redline serve`'s (redline/tuning.py).
 """
 
 from __future__ import annotations
@@ -14,8 +16,9 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
-from redline.api import jobs_routes
+from redline.api.job_body import decode_body
 from redline.api.limits import JobGate, TenantLimiter
 from redline.backends.base import Backend
 from redline.cache import ResponseCache
@@ -53,9 +56,21 @@ class Services:
     longtail: LongTailLog
     live: LiveStats | None
     jobs: JobService
+    experiments: Experiments  # the pipeline's (it assigns the arms); read by the admin routes
     inflight: Inflight = field(default_factory=Inflight)
     started_at: float = field(default_factory=time.time)
     started: asyncio.Event = field(default_factory=asyncio.Event)  # the models are loaded
+    loader: asyncio.Task[None] | None = None  # loads the models (the app's lifespan starts it)
+    draining: bool = False  # set by the drain (SIGTERM, api/server.py) and at shutdown
+
+
+def services_of(app: Any) -> Services:
+    """The services of an app made by `create_app` (`request.app` in a route): the one
+    way anything reaches them."""
+    services = app.state.services
+    if not isinstance(services, Services):
+        raise TypeError(f"{app!r} was not made by redline's create_app")
+    return services
 
 
 def build_backend(cfg: ModelConfig, models_dir: Path, arbiter: StepArbiter | None = None) -> Backend:
@@ -122,8 +137,9 @@ def build(config: RedlineConfig, backends: Mapping[str, Backend] | None = None,
     ]
     pipeline = Pipeline(router, metrics, cache, experiments, told)
     jobs = JobService(config.jobs, Path(config.server.data_dir), config.store.url,
-                      pipeline, metrics.jobs, jobs_routes.decode_body, JobGate(limiter))
-    return Services(config, metrics, store, pipeline, streams, limiter, longtail, live, jobs)
+                      pipeline, metrics.jobs, decode_body, JobGate(limiter))
+    return Services(config, metrics, store, pipeline, streams, limiter, longtail, live, jobs,
+                    experiments)
 
 
-__all__ = ["Inflight", "Services", "build", "build_backend", "library_threads"]
+__all__ = ["Inflight", "Services", "build", "build_backend", "library_threads", "services_of"]

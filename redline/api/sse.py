@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 from starlette.responses import Response
@@ -13,16 +13,13 @@ from starlette.types import Receive, Scope, Send
 DONE = "[DONE]"
 # What the HTTP server (api/server.py) offers a response: an ASGI extension, a dict in
 # `scope["extensions"][OFFERS]`; absent under any other server (EventStream then just
-# uses `send`). This is the one interface between the socket and the rest of redline.
+# uses `send`). Every body chunk goes through `send`; the offer only changes how the
+# head leaves.
 OFFERS = "redline.response"
 # HOLD_HEAD: a callable that makes the connection hold its next write (the response head)
 # and send it with the one after (the first body chunk); it returns a release() that
 # sends whatever is still held
 HOLD_HEAD = "hold_head"
-# WRITE_NOW: `write_now(chunk) -> bool` writes one body chunk of the started response at
-# once, from any task, or returns False when it must go the regular way (through `send`,
-# which waits while the client reads slowly)
-WRITE_NOW = "write_now"
 
 
 # one encoder for all events: json.dumps with any non-default argument builds a new one per call
@@ -54,18 +51,15 @@ class EventStream(Response):
     media_type = "text/event-stream"
 
     def __init__(self, content: AsyncIterator[bytes], headers: Mapping[str, str] | None = None,
-                 status_code: int = 200, first_ready: bool = False,
-                 on_started: Callable[[Callable[[bytes], bool]], None] | None = None) -> None:
+                 status_code: int = 200, first_ready: bool = False) -> None:
         """`first_ready`: the first chunk is already there (the iterator yields it
         without waiting), so the response head goes out with it in one write: one
-        send() and one wake-up of the client fewer before its first token.
-        `on_started`: called with the server's WRITE_NOW once the head and the first
-        chunk are out (not at all where the server has none), so that the producer of
-        the chunks can write them itself (see streams/live.py)."""
+        send() and one wake-up of the client fewer before its first token. Each chunk
+        the iterator yields is one `send` (the server writes it at once: a stream's
+        events are flushed as they come)."""
         self.body_iterator = content
         self.status_code = status_code
         self.first_ready = first_ready
-        self.on_started = on_started
         self.background = None
         self.init_headers(headers)
 
@@ -104,9 +98,6 @@ class EventStream(Response):
                         release = None
                     if watcher is None:
                         watcher = loop.create_task(watch())
-                    write_now = offers.get(WRITE_NOW) if self.on_started is not None else None
-                    if write_now is not None and self.on_started is not None:
-                        self.on_started(write_now)
             finished = True
             await send({"type": "http.response.body", "body": b"", "more_body": False})
         except asyncio.CancelledError:

@@ -9,9 +9,9 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 
 from redline.api import sse
+from redline.api.services import services_of
 from redline.api.tenant import tenant_of
 from redline.errors import InvalidRequest
-from redline.streams import StreamManager
 
 router = APIRouter()
 
@@ -36,7 +36,7 @@ def _after(stream_id: str, last_event_id: str | None, after: str | None) -> int:
 
 @router.get("/v1/streams/{stream_id}", response_model=None)
 async def resume_stream(stream_id: str, request: Request) -> sse.EventStream:
-    streams: StreamManager = request.app.state.streams
+    streams = services_of(request.app).streams
     after = _after(stream_id, request.headers.get("last-event-id"),
                    request.query_params.get("after"))
     events = await streams.open(stream_id, after, tenant=tenant_of(request))

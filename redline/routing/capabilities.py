@@ -4,7 +4,12 @@ A model's capabilities come from its config (`ModelConfig.effective_capabilities
 a remote engine is asked for everything, a local model gets what the embedded engine
 serves, a base model lists no `chat`). The router only chooses, orders and falls back
 to models that have everything the request needs; a request naming a model that lacks
-one is a 400 with `param: "model"`, never an answer from the wrong kind of model."""
+one is a 400, never an answer from the wrong kind of model: `param: "model"` for the
+wrong kind (chat to a base model), else the field that asked (`tools`, ...).
+
+This is the one capability check: the router runs it on every request it plans (live,
+a job's run, a batch line, Responses, Messages), after an A/B arm may have changed the
+model; the api adds only what is not a capability (n, the embedded engine's fields)."""
 
 from __future__ import annotations
 
@@ -15,6 +20,10 @@ from redline.errors import InvalidRequest
 from redline.types import GenerationRequest
 
 _CHAT = frozenset(("chat",))
+_KINDS = frozenset(("chat", "completions"))
+# the request field that asks for each capability other than the kind, named in the 400
+_PARAM = {"tools": "tools", "json_schema": "response_format", "vision": "messages",
+          "logprobs": "logprobs"}
 
 
 def required(request: GenerationRequest) -> frozenset[str]:
@@ -46,6 +55,10 @@ class Capabilities:
         if not missing:
             return
         has = self.of(model)
+        if not missing & _KINDS:  # the right kind of model, without a feature asked for
+            lacking = sorted(missing)
+            raise InvalidRequest(f"The model `{model}` does not support {', '.join(lacking)}.",
+                                 param=_PARAM[lacking[0]])
         if missing == _CHAT and "completions" in has:
             raise InvalidRequest(
                 f"The model `{model}` serves completions only (a base model: it has no chat "
@@ -56,7 +69,12 @@ class Capabilities:
             f"(it serves: {', '.join(sorted(has)) or 'nothing'}).",
             param="model", code="model_not_supported")
 
-    def none_serves(self, needs: frozenset[str]) -> InvalidRequest:
+    def none_serves(self, models: Iterable[str], needs: frozenset[str]) -> InvalidRequest:
+        """The 400 for `auto` when none of `models` serves all of `needs`."""
+        lacking = sorted(needs - frozenset().union(*(self.of(m) for m in models)))
+        if lacking and not _KINDS & set(lacking):  # a feature no model has: name its field
+            return InvalidRequest(f"No model here serves {', '.join(lacking)}.",
+                                  param=_PARAM[lacking[0]])
         return InvalidRequest(
             f"No configured model serves {', '.join(sorted(needs))}; name a model that does.",
             param="model", code="model_not_supported")

@@ -171,7 +171,8 @@ class Softmax:
         if self.w is None:
             raise RuntimeError("fit first")
         xb = np.concatenate([x, np.ones((len(x), 1), dtype=np.float32)], axis=1)
-        return xb @ self.w
+        out: np.ndarray = xb @ self.w  # [N, C]
+        return out
 
     def proba(self, x: np.ndarray, temperature: float = 1.0) -> np.ndarray:
         return _softmax(self.logits(x) / temperature)
@@ -180,7 +181,8 @@ class Softmax:
 def _softmax(z: np.ndarray) -> np.ndarray:
     z = z - z.max(axis=1, keepdims=True)
     e = np.exp(z)
-    return e / e.sum(axis=1, keepdims=True)
+    out: np.ndarray = e / e.sum(axis=1, keepdims=True)
+    return out
 
 
 class Classifier:

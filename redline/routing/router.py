@@ -129,10 +129,7 @@ class Router:
         """The tier to serve and the candidate models, best first: only models that have
         every capability the request needs (a chat request never goes to a base model)."""
         name = request.model
-        check_model(name, self.backends)
-        needs = required(request)
-        if name != AUTO:
-            self.capabilities.check(name, needs)
+        needs = self.check(request)
         if not self.slo:  # FCFS, no tiers: the named (or default) model, its fallbacks
             model = resolve_model(name, self.backends, self.default_model)
             if name == AUTO and not self.capabilities.serves(model, needs):
@@ -156,16 +153,25 @@ class Router:
         complex_ = tier == "B" or (tier == "A" and decision is not None
                                    and decision.difficulty == "complex")
         order = list(reversed(self._by_size)) if complex_ else list(self._by_size)
-        order = self.capabilities.only(order, needs)
-        if not order:
-            raise self.capabilities.none_serves(needs)
-        return tier, order, decision
+        # never empty: check() found a model that serves it
+        return tier, self.capabilities.only(order, needs), decision
+
+    def check(self, request: GenerationRequest) -> frozenset[str]:
+        """What `request` needs; a 404 for an unknown model, a 400 when the named model
+        (or, for `auto`, every model) lacks any of it. The one capability check
+        (routing/capabilities.py): decide() runs it, and the api runs it up front only
+        for a request it queues as a job (decide runs later, in the worker)."""
+        name = request.model
+        check_model(name, self.backends)
+        needs = required(request)
+        if name != AUTO:
+            self.capabilities.check(name, needs)
+        elif not self.capabilities.only(self._by_size, needs):
+            raise self.capabilities.none_serves(self._by_size, needs)
+        return needs
 
     def _first_serving(self, needs: frozenset[str]) -> str:
-        serving = self.capabilities.only(self._by_size, needs)
-        if not serving:
-            raise self.capabilities.none_serves(needs)
-        return serving[0]
+        return self.capabilities.only(self._by_size, needs)[0]  # check() found one
 
     def _chain(self, model: str, needs: frozenset[str]) -> list[str]:
         """`model`, then its configured fallbacks that can serve what the request needs."""

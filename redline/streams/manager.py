@@ -42,7 +42,7 @@ from redline.store.base import Store, StoreUnavailable
 from redline.store.memory import MemoryStore
 from redline.streams.history import LengthHistory
 from redline.streams.journal import Journal, StreamMeta, is_done
-from redline.streams.live import LiveStream, WriteThrough
+from redline.streams.live import LiveStream
 from redline.streams.progress import Progress
 from redline.telemetry.metrics import Metrics
 from redline.types import GenerationRequest
@@ -218,16 +218,14 @@ class StreamManager:
             return self.follow(live, after)
         return self._follow_journal(stream_id, after)
 
-    async def follow(self, live: LiveStream, after: int = 0,
-                     through: WriteThrough | None = None) -> AsyncIterator[bytes]:
+    async def follow(self, live: LiveStream, after: int = 0) -> AsyncIterator[bytes]:
         """Follow a stream of this process. Leaving early (the client went away)
-        starts the grace period when it was the last reader. `through`: the events may
-        go to the client from the producer (see streams/live.py)."""
+        starts the grace period when it was the last reader."""
         live.join()
         finished = False
         try:
             # what came since the last write goes out as one write (same bytes)
-            async for batch in live.batches(after, through):
+            async for batch in live.batches(after):
                 yield batch[0] if len(batch) == 1 else b"".join(batch)
             finished = True
         finally:
