@@ -43,6 +43,7 @@ async def messages(request: Request) -> Response:
                                  tenant_from(request.scope, headers.get("authorization", "")),
                                  "no-cache" in headers.get("cache-control", "").lower())
         capabilities.check(request.app.state.config, gen, AUTO)
+        await request.app.state.services.gate.enter(request.scope, gen)  # per-key limits
         pipeline: Pipeline = request.app.state.pipeline
         completion = await pipeline.complete(gen)
     except RedlineError as exc:

@@ -11,7 +11,6 @@ from starlette.types import Scope
 
 from redline.api import capabilities, jobs_routes, sse
 from redline.api.chunks import ChunkEncoder
-from redline.api.limits import reserve_tokens
 from redline.api.schemas import ChatCompletionRequest, CompletionRequest
 from redline.api.tenant import tenant_from
 from redline.api.unicode import check_text
@@ -96,7 +95,7 @@ async def serve(services: Services, request: Request,
     pipeline = services.pipeline
     if jobs_routes.wants_job(body, gen, pipeline):  # tier B or "background": 202 + a job
         return await jobs_routes.accept(request, body, gen, gen_kind)
-    await reserve_tokens(services.limiter, request.scope, gen)  # a job is charged as it runs
+    await services.gate.enter(request.scope, gen)  # a job is charged as it runs
     request_id = asked.get(b"x-request-id") or gen.id
     streams = services.streams
     prepared = await pipeline.prepare(gen)  # arm, cache, route plan: nothing sent yet

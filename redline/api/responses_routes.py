@@ -75,6 +75,7 @@ async def create(request: Request) -> Response:
     except InvalidRequest as exc:  # named as this API names the field
         exc.param = _PARAMS.get(exc.param or "", exc.param)
         raise
+    await request.app.state.services.gate.enter(request.scope, gen)  # per-key limits
     pipeline: Pipeline = request.app.state.pipeline
     completion = await pipeline.complete(gen)
     response_id = gen.id.replace("req-", "resp_")
