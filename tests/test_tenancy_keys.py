@@ -144,6 +144,10 @@ def test_allowlist_budget_and_own_limits(tmp_path: Path) -> None:
         for model in ("other", "auto"):  # auto is a model choice too: only if listed
             r = c.post("/v1/chat/completions", json={**CHAT, "model": model}, headers=bearer(narrow))
             assert r.status_code == 404 and r.json()["error"]["code"] == "model_not_found", r.text
+        # a job is no way around it
+        r = c.post("/v1/chat/completions", json={**CHAT, "model": "other", "background": True},
+                   headers=bearer(narrow))
+        assert r.status_code == 404, r.text
         # the tenant's other key is not narrowed
         r = c.post("/v1/chat/completions", json={**CHAT, "model": "other"}, headers=bearer(USER))
         assert r.status_code == 200

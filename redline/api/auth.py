@@ -32,7 +32,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from redline.api.middleware import send_error
 from redline.config import ApiKey, AuthConfig
-from redline.errors import AuthenticationFailed, PermissionDenied
+from redline.errors import AuthenticationFailed, Overloaded, PermissionDenied, RedlineError
 from redline.store.base import StoreUnavailable
 from redline.store.keys import KeyRecord, KeyStore
 
@@ -125,7 +125,7 @@ class Auth:
             return self.protect_ops
         return path.startswith("/v1/") or path == "/v1"
 
-    async def check(self, scope: Scope) -> AuthenticationFailed | None:
+    async def check(self, scope: Scope) -> RedlineError | None:
         """Put the caller's tenant and key in the scope's state, or the error to answer
         where the path needs a key and the request has no valid one."""
         state = scope.setdefault("state", {})
@@ -136,7 +136,9 @@ class Auth:
             try:
                 record = await self.managed.find(token)
             except StoreUnavailable:
-                record = None  # config keys still work while the store is down
+                # config keys (and managed ones remembered) still work; this one cannot be
+                # checked: a 503 to retry, not a 401 that calls a good key bad
+                return Overloaded("API keys cannot be checked now; retry shortly.", retry_after=1)
             if record is not None:
                 key, state["key_id"] = record.key, record.id
         if key is None and self._needs_key(scope["path"]):
@@ -155,7 +157,8 @@ class Auth:
             return
         refused = await self.check(scope)
         if refused is not None:
-            await send_error(send, refused, headers=[(b"www-authenticate", b"Bearer")])
+            await send_error(send, refused, headers=[(b"www-authenticate", b"Bearer")]
+                             if refused.status == 401 else None)
             return
         await self.app(scope, receive, send)
 

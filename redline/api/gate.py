@@ -69,10 +69,10 @@ class Slots:
 
 
 def budget_key(key_id: str, period_s: int, now: float) -> tuple[str, float]:
-    """The store counter of a key's budget in the period that holds `now`, and the
-    period's end."""
+    """The store counter of a key's budget in the period that holds `now`, and how long
+    it has to live (to the period's end)."""
     period = int(now) // period_s
-    return f"budget:{key_id}:{period}", float((period + 1) * period_s)
+    return f"budget:{key_id}:{period}", max(1.0, (period + 1) * period_s - now)
 
 
 class GenerationGate:
@@ -86,15 +86,23 @@ class GenerationGate:
         self.budgets: dict[str, tuple[str, float]] = {}  # request id -> (counter, ttl)
         self.pending: set[asyncio.Task[None]] = set()
 
-    async def enter(self, scope: Scope, gen: GenerationRequest) -> None:
-        state = scope.setdefault("state", {})
-        key: ApiKey | None = state.get("api_key")
-        label = key_label(scope)
+    async def check(self, scope: Scope, gen: GenerationRequest) -> None:
+        """The key's allowlist and budget only: what a request that becomes a job (it
+        takes no slot; its tokens are charged as it runs) must pass as well."""
+        key: ApiKey | None = scope.get("state", {}).get("api_key")
         if key is not None and key.models is not None and gen.model not in key.models:
             raise ModelNotFound(f"The model `{gen.model}` does not exist or you do not have "
                                 "access to it.", param="model")
         if key is not None and key.budget_tokens is not None:
-            await self._check_budget(key, label, gen.id)
+            await self._check_budget(key.budget_tokens, key.budget_period_s, key_label(scope))
+
+    async def enter(self, scope: Scope, gen: GenerationRequest) -> None:
+        state = scope.setdefault("state", {})
+        key: ApiKey | None = state.get("api_key")
+        label = key_label(scope)
+        await self.check(scope, gen)
+        if key is not None and key.budget_tokens is not None:  # charged when it ends
+            self.budgets[gen.id] = budget_key(label, key.budget_period_s, time.time())
         who = limit_key(scope, self.limiter.keyed)
         cap = (key.max_concurrent if key is not None else None) or self.default_cap
         if cap is not None:
@@ -113,18 +121,16 @@ class GenerationGate:
         self.usage.note_key(gen.id, label)
         state.setdefault("entered", []).append((gen.id, gen.tenant, gen.model))
 
-    async def _check_budget(self, key: ApiKey, label: str, request_id: str) -> None:
-        assert key.budget_tokens is not None
-        counter, ends = budget_key(label, key.budget_period_s, time.time())
+    async def _check_budget(self, budget: int, period_s: int, label: str) -> None:
+        counter, left = budget_key(label, period_s, time.time())
         try:
             spent = int(await self.store.get(counter) or b"0")
         except StoreUnavailable:
             spent = 0  # fail open, as the rate limits do
-        if spent >= key.budget_tokens:
+        if spent >= budget:
             raise RateLimited(f"You exceeded your current quota: this key's budget of "
-                              f"{key.budget_tokens} tokens per {key.budget_period_s} s is spent.",
-                              code="insufficient_quota", retry_after=max(1.0, ends - time.time()))
-        self.budgets[request_id] = (counter, max(1.0, ends - time.time()))
+                              f"{budget} tokens per {period_s} s is spent.",
+                              code="insufficient_quota", retry_after=left)
 
     def on_finish(self, done: Finished) -> None:
         rid = done.request.id

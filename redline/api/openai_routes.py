@@ -93,6 +93,7 @@ async def serve(services: Services, request: Request,
         gen.session = session
     capabilities.check(services.config, gen, AUTO)
     pipeline = services.pipeline
+    await services.gate.check(request.scope, gen)  # a key's allowlist and budget, jobs too
     if jobs_routes.wants_job(body, gen, pipeline):  # tier B or "background": 202 + a job
         return await jobs_routes.accept(request, body, gen, gen_kind)
     await services.gate.enter(request.scope, gen)  # a job is charged as it runs

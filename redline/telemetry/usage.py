@@ -69,9 +69,10 @@ class UsageLog:
     def failed(self, request_id: str, tenant: str, model: str, status: int) -> None:
         """A request admitted to generate that ended without a completion (it failed
         before its first token: no `on_finish` comes): one request, and an error unless
-        the client left. Nothing when its completion was counted already."""
+        the client left. Nothing when its completion was counted already, or when it was
+        answered without one of its own (a 202: the job is counted as it runs)."""
         key = self.keys.pop(request_id, None)
-        if key is not None:
+        if key is not None and status >= 400:
             self._add(Row(tenant, key, model), (1, 0, 0, 0, int(status >= 500)))
 
     def _add(self, row: Row, add: tuple[int, ...]) -> None:
