@@ -175,3 +175,41 @@ def test_allowlist_budget_and_own_limits(tmp_path: Path) -> None:
                  for _ in range(3)]
         assert codes == [200, 200, 429], codes
         assert c.post("/v1/chat/completions", json=CHAT, headers=bearer(USER)).status_code == 200
+
+
+def test_a_key_the_store_cannot_check_is_a_503_not_a_401() -> None:
+    """Redis down: config keys still work; a managed key is not called bad (401), the
+    client is told to retry (503)."""
+    import asyncio
+
+    from redline.api.auth import Auth, ManagedKeys
+    from redline.config import AuthConfig
+    from redline.store.keys import KeyStore
+    from redline.store.redis_store import RedisStore
+
+    async def run() -> None:
+        store = RedisStore("redis://127.0.0.1:1/0")  # nothing listens there
+        auth = Auth(app=None, config=AuthConfig(keys=[{"name": "ops", "sha256": digest(ADMIN)}]),  # type: ignore[arg-type, list-item]
+                    managed=ManagedKeys(KeyStore(store), 1.0))
+
+        def scope(key: str) -> dict[str, Any]:
+            return {"type": "http", "path": "/v1/models",
+                    "headers": [(b"authorization", f"Bearer {key}".encode())]}
+
+        assert await auth.check(scope(ADMIN)) is None
+        refused = await auth.check(scope("sk-rl-somekey"))
+        assert refused is not None and refused.status == 503 and refused.retry_after
+        await store.close()
+
+    asyncio.run(run())
+
+
+def test_a_generation_slot_never_reported_is_freed_after_its_lease() -> None:
+    from redline.api.gate import Slots
+
+    slots = Slots(lease_s=0.05)
+    assert slots.acquire("t", "r1", cap=1) and not slots.acquire("t", "r2", cap=1)
+    slots.release("r1")
+    assert slots.acquire("t", "r2", cap=1)
+    time.sleep(0.06)  # r2's end never came: the lease backstop frees it
+    assert slots.acquire("t", "r3", cap=1) and slots.count("t") == 1
