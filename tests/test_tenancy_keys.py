@@ -140,6 +140,8 @@ def test_allowlist_budget_and_own_limits(tmp_path: Path) -> None:
             return str(r.json()["key"])
 
         narrow = make(models=["fake"])
+        listed = c.get("/v1/models", headers=bearer(narrow)).json()["data"]
+        assert [m["id"] for m in listed] == ["fake"]
         assert c.post("/v1/chat/completions", json=CHAT, headers=bearer(narrow)).status_code == 200
         for model in ("other", "auto"):  # auto is a model choice too: only if listed
             r = c.post("/v1/chat/completions", json={**CHAT, "model": model}, headers=bearer(narrow))

@@ -59,6 +59,9 @@ def _headers(c: Completion, request_id: str) -> dict[str, str]:
 async def list_models(request: Request) -> dict[str, Any]:
     created = int(request.app.state.started_at)
     names = [*request.app.state.services.pipeline.model_names(), AUTO]
+    key = request.scope.get("state", {}).get("api_key")
+    if key is not None and key.models is not None:  # a key sees the models it may use
+        names = [n for n in names if n in key.models]
     return {"object": "list",
             "data": [{"id": n, "object": "model", "created": created, "owned_by": "redline"}
                      for n in names]}
