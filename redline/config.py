@@ -304,11 +304,22 @@ class ApiKey(_Section):
     tpm: int | None = Field(None, ge=1)
     role: Literal["admin", "user"] = Field("user", description="admin: /v1/admin/* and "
                                            "experiment management; user: the API only")
+    models: list[str] | None = Field(None, description="the models this key may use (`auto` "
+                                     "only if listed); another is a 404 for it. None: every model")
+    max_concurrent: int | None = Field(None, ge=1, description="generations at once (streams "
+                                       "whose client left count until they end); overrides "
+                                       "limits.max_concurrent")
+    budget_tokens: int | None = Field(None, ge=1, description="tokens per budget period; spent: 429")
+    budget_period_s: int = Field(30 * 86400, ge=60, description="the budget's period, in fixed "
+                                 "windows from the Unix epoch (86400: each UTC day)")
 
 
 class AuthConfig(_Section):
     keys: list[ApiKey] = Field(default_factory=list, description="none = open (the embedded default)")
     protect_ops: bool = Field(False, description="/healthz, /readyz, /metrics need a key too")
+    key_cache_s: float = Field(1.0, ge=0, description="a managed key (POST /v1/admin/keys) is "
+                               "remembered this long per replica: a revocation reaches every "
+                               "replica within it; a new key works everywhere at once")
 
 
 class LimitsConfig(_Section):
@@ -324,6 +335,11 @@ class LimitsConfig(_Section):
     keep_alive_s: float = Field(5.0, gt=0, description="idle keep-alive connections closed after")
     max_connections: int = Field(1024, ge=1, description="more open connections: 503 at once")
     drain_timeout_s: float = Field(30.0, ge=0, description="SIGTERM: running requests get this long")
+    max_concurrent: int | None = Field(None, ge=1, description="generations at once per tenant "
+                                       "on each replica (abandoned streams still generating "
+                                       "count); over it: 429. None = no cap")
+    generation_lease_s: float = Field(3600.0, gt=0, description="a generation slot whose end "
+                                      "was never reported is freed after this long (a backstop)")
 
 
 class StoreConfig(_Section):
@@ -413,6 +429,10 @@ class ExperimentsConfig(_Section):
 class TelemetryConfig(_Section):
     metrics: bool = Field(True, description="false: Prometheus metrics and live stats record nothing")
     slow_log_size: int = Field(200, ge=1, description="long-tail records kept (ring, and in the store)")
+    usage_flush_s: float = Field(1.0, gt=0, description="per-key usage is written to the store "
+                                 "this often (one write of everything counted meanwhile)")
+    usage_retention_s: float = Field(90 * 86400.0, gt=0, description="hourly usage counts are kept "
+                                     "this long")
 
 
 class RedlineConfig(BaseSettings):

@@ -114,6 +114,8 @@ OBJECT_ROUTES: list[tuple[str, str, tuple[int, int, int, int]]] = [
     ("GET", "/v1/admin/slow", (403, 403, 200, 401)),
     ("GET", "/v1/admin/experiments", (403, 403, 200, 401)),
     ("DELETE", "/v1/admin/experiments/samples", (403, 403, 200, 401)),
+    ("GET", "/v1/admin/keys", (403, 403, 200, 401)),
+    ("GET", "/v1/admin/usage", (403, 403, 200, 401)),
     ("DELETE", "/v1/files/{file}", (200, 404, 404, 401)),  # last: it removes the file
 ]
 WHO = ("other", "admin", "nokey", "owner")  # the owner last: its DELETEs change things

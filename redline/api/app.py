@@ -2,7 +2,7 @@
 stack every request goes through, assembled here once.
 
     server ─► BodyLimit ─► BodyTimeout ─► Auth ─► ReadyGate ─► RateLimit ─► CountInflight
-           ─► HotRoutes ─┬─► completion routes (api/hot.py → openai_routes.serve)
+           ─► ReleaseSlots ─► HotRoutes ─┬─► completion routes (api/hot.py → openai_routes.serve)
                          └─► FastAPI: exception handlers, router, every other route
 """
 
@@ -24,6 +24,7 @@ from redline.api import (
     errors,
     experiments_routes,
     jobs_routes,
+    keys_routes,
     messages_routes,
     openai_routes,
     ops_routes,
@@ -32,6 +33,7 @@ from redline.api import (
     web_routes,
 )
 from redline.api.auth import Auth, document
+from redline.api.gate import ReleaseSlots
 from redline.api.hot import HotRoutes
 from redline.api.limits import RateLimit
 from redline.api.middleware import BodyLimit, BodyTimeout, ReadyGate
@@ -87,6 +89,8 @@ def create_app(config: RedlineConfig, backends: Mapping[str, Backend] | None = N
             await services.streams.close()
             await pipeline.close()
             await services.limiter.close()
+            await services.gate.close()
+            await services.usage.close()  # the last counts, while the store is open
             await services.store.close()
 
     app = FastAPI(title="redline", version="0.1.0", lifespan=lifespan,
@@ -104,15 +108,17 @@ def create_app(config: RedlineConfig, backends: Mapping[str, Backend] | None = N
     app.include_router(jobs_routes.router)
     app.include_router(batch_routes.router)
     app.include_router(admin_routes.router)
+    app.include_router(keys_routes.router)
     app.include_router(experiments_routes.router)
     web_routes.install(app)
     # added innermost first: the stack in the module's docstring
     app.add_middleware(HotRoutes, services=services)
+    app.add_middleware(ReleaseSlots, gate=services.gate)
     app.add_middleware(CountInflight, inflight=services.inflight)
     app.add_middleware(RateLimit, limiter=services.limiter)
     app.add_middleware(ReadyGate, is_ready=lambda: pipeline.ready and not services.draining,
                        why=lambda: "draining" if services.draining else "the models are still loading")
-    app.add_middleware(Auth, config=config.auth)
+    app.add_middleware(Auth, config=config.auth, managed=services.keys)
     app.add_middleware(BodyTimeout, timeout=config.limits.body_timeout_s)
     app.add_middleware(BodyLimit, limit=config.server.max_body_bytes,
                        per_path={"/v1/files": config.jobs.max_file_bytes + 64 * 1024})

@@ -10,12 +10,20 @@ Roles: a key is `user` unless configured `role: admin`. Operator routes (/v1/adm
 the long-tail log, the dashboard's figures, experiment management) need an admin key
 (`require_admin`, a route dependency, so it holds whichever way a request enters). On an
 open server (no keys) there are no roles and everything is open, as everything else is.
+
+Managed keys (store/keys.py, made through /v1/admin/keys) are looked up in the store after
+the config's; a key found is remembered for `auth.key_cache_s` (1 s by default) on this
+replica, so a revocation reaches every replica within that, while a key not found is
+asked for again each time (a new key works on every replica at once). They count only
+where keys are configured: a keyed server needs at least one config key (its admin makes
+the others).
 """
 
 from __future__ import annotations
 
 import hashlib
 import hmac
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -25,7 +33,9 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from redline.api.middleware import send_error
 from redline.api.services import services_of
 from redline.config import ApiKey, AuthConfig
-from redline.errors import AuthenticationFailed, PermissionDenied
+from redline.errors import AuthenticationFailed, Overloaded, PermissionDenied, RedlineError
+from redline.store.base import StoreUnavailable
+from redline.store.keys import KeyRecord, KeyStore
 
 ANONYMOUS = "anonymous"
 # always reachable: the spec and its viewer describe how to authenticate
@@ -73,13 +83,41 @@ def bearer(headers: Sequence[tuple[bytes, bytes]]) -> str | None:
     return None
 
 
+class ManagedKeys:
+    """The store's keys, each found one remembered for `ttl_s` (digest -> record, until)."""
+
+    def __init__(self, keys: KeyStore, ttl_s: float) -> None:
+        self.keys, self.ttl_s = keys, ttl_s
+        self.seen: dict[str, tuple[KeyRecord, float]] = {}
+
+    async def find(self, presented: str) -> KeyRecord | None:
+        wanted = digest(presented)
+        now = time.monotonic()
+        hit = self.seen.get(wanted)
+        if hit is not None and hit[1] > now:
+            return hit[0]
+        record = await self.keys.find(wanted)
+        if record is None:
+            self.seen.pop(wanted, None)
+            return None
+        if len(self.seen) > 10_000:  # bounded: drop what has expired
+            self.seen = {d: v for d, v in self.seen.items() if v[1] > now}
+        self.seen[wanted] = (record, now + self.ttl_s)
+        return record
+
+    def forget(self, sha256: str) -> None:
+        """This replica stops accepting a revoked or rotated key at once."""
+        self.seen.pop(sha256, None)
+
+
 class Auth:
     """ASGI middleware: 401 without a valid key where one is needed; sets the tenant."""
 
-    def __init__(self, app: ASGIApp, config: AuthConfig) -> None:
+    def __init__(self, app: ASGIApp, config: AuthConfig, managed: ManagedKeys | None = None) -> None:
         self.app = app
         self.keys = KeyRing(config.keys)
         self.protect_ops = config.protect_ops
+        self.managed = managed
 
     def _needs_key(self, path: str) -> bool:
         if not self.keys or path in OPEN_PATHS:
@@ -88,12 +126,22 @@ class Auth:
             return self.protect_ops
         return path.startswith("/v1/") or path == "/v1"
 
-    def check(self, scope: Scope) -> AuthenticationFailed | None:
+    async def check(self, scope: Scope) -> RedlineError | None:
         """Put the caller's tenant and key in the scope's state, or the error to answer
         where the path needs a key and the request has no valid one."""
         state = scope.setdefault("state", {})
         token = bearer(scope.get("headers", ()))
         key = self.keys.find(token) if token and self.keys else None
+        state["key_id"] = None  # a managed key's id (usage, per-key limits)
+        if key is None and token and self.keys and self.managed is not None:
+            try:
+                record = await self.managed.find(token)
+            except StoreUnavailable:
+                # config keys (and managed ones remembered) still work; this one cannot be
+                # checked: a 503 to retry, not a 401 that calls a good key bad
+                return Overloaded("API keys cannot be checked now; retry shortly.", retry_after=1)
+            if record is not None:
+                key, state["key_id"] = record.key, record.id
         if key is None and self._needs_key(scope["path"]):
             if token is None:
                 return AuthenticationFailed(
@@ -108,9 +156,10 @@ class Auth:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        refused = self.check(scope)
+        refused = await self.check(scope)
         if refused is not None:
-            await send_error(send, refused, headers=[(b"www-authenticate", b"Bearer")])
+            await send_error(send, refused, headers=[(b"www-authenticate", b"Bearer")]
+                             if refused.status == 401 else None)
             return
         await self.app(scope, receive, send)
 
@@ -152,4 +201,15 @@ def document(app: FastAPI, config: AuthConfig) -> None:
     app.openapi = openapi  # type: ignore[method-assign]
 
 
-__all__ = ["ANONYMOUS", "Auth", "KeyRing", "digest", "document", "is_admin", "require_admin"]
+def key_label(scope: Scope) -> str:
+    """The key a request came with, as usage names it: a managed key's id, a config key's
+    name, or "-" (no key)."""
+    state = scope.get("state", {})
+    if state.get("key_id"):
+        return str(state["key_id"])
+    key = state.get("api_key")
+    return key.name if key is not None else "-"
+
+
+__all__ = ["ANONYMOUS", "Auth", "KeyRing", "ManagedKeys", "digest", "document", "is_admin",
+           "key_label", "require_admin"]

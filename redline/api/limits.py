@@ -67,10 +67,15 @@ class Reservation:
 
 
 def limit_key(scope: Scope, keyed: bool) -> str:
-    """Whose budget a request draws on: the key's tenant where keys are configured,
-    else the client's address (an open server)."""
+    """Whose budget a request draws on: the key's tenant where keys are configured (a
+    managed key with limits of its own: that key), else the client's address (an open
+    server)."""
     if keyed:
-        return str(scope.get("state", {}).get("tenant", "anonymous"))
+        state = scope.get("state", {})
+        key, key_id = state.get("api_key"), state.get("key_id")
+        if key_id and key is not None and (key.rpm or key.tpm or key.max_concurrent):
+            return "key:" + str(key_id)
+        return str(state.get("tenant", "anonymous"))
     client = scope.get("client")
     return "addr:" + (str(client[0]) if client else "unknown")
 
@@ -132,6 +137,15 @@ class TenantLimiter:
 
     def quota(self, tenant: str) -> Quota:
         return self.quotas.get(tenant, self.default)
+
+    def learn(self, scope: Scope) -> None:
+        """A managed key's own limits, under its limit_key (they change only by rotation
+        or a new key, so one entry per key, refreshed by each of its requests)."""
+        state = scope.get("state", {})
+        key = state.get("api_key")
+        if state.get("key_id") and key is not None and (key.rpm or key.tpm):
+            self.quotas["key:" + str(state["key_id"])] = Quota(key.rpm or self.default.rpm,
+                                                               key.tpm or self.default.tpm)
 
     def _item(self, amount: int) -> RateLimitItem:
         return RateLimitItemPerSecond(amount, self.window)
@@ -340,6 +354,8 @@ class RateLimit:
         return scope["path"].startswith("/v1/") and self.limiter.enabled
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            self.limiter.learn(scope)
         if scope["type"] != "http" or not self.applies(scope):
             await self.app(scope, receive, send)
             return
@@ -364,40 +380,5 @@ class RateLimit:
         return with_headers
 
 
-class JobGate:
-    """Background jobs and batch lines through their tenant's limits as they run (the
-    jobs' `Gate`): each counts one request and reserves its tokens; over the limit it
-    waits for the window (Retry-After) instead of failing, so a batch paces itself and
-    leaves its tenant's live requests only what is left."""
-
-    def __init__(self, limiter: TenantLimiter) -> None:
-        self.limiter = limiter
-
-    async def enter(self, tenant: str, request: Any) -> None:
-        limiter = self.limiter
-        tokens, tpm = estimate_tokens(request), limiter.quota(tenant).tpm
-        if tpm and tokens > tpm:  # it would wait forever: the client's mistake, a 429 now
-            raise RateLimited(f"This request may use {tokens} tokens, more than the "
-                              f"{tpm} tokens per window this key has.")
-        while True:
-            verdict = await limiter.reserve(tenant, request.id, tokens)
-            if verdict.allowed:
-                verdict = await limiter.count_request(tenant)
-                if verdict.allowed:
-                    return
-                taken = limiter.reserved.pop(request.id, None)
-                if taken is not None:
-                    await limiter.settle(taken, 0)  # not running yet: give the tokens back
-            await asyncio.sleep(min(max(verdict.retry_after, 0.05), float(limiter.window)))
-
-
-async def reserve_tokens(limiter: TenantLimiter, scope: Scope, gen: Any) -> None:
-    """Reserve a completion request's tokens before it runs: RateLimited (429) when its
-    budget cannot hold them. Any entry (route, fast lane) calls this once per request."""
-    verdict = await limiter.reserve(limit_key(scope, limiter.keyed), gen.id, estimate_tokens(gen))
-    if not verdict.allowed:
-        raise RateLimited(verdict.message, retry_after=verdict.retry_after)
-
-
-__all__ = ["JobGate", "Quota", "RateLimit", "Reservation", "TenantLimiter", "Verdict", "estimate_tokens",
-           "limit_key", "reserve_tokens", "storage_url"]
+__all__ = ["Quota", "RateLimit", "Reservation", "TenantLimiter", "Verdict", "estimate_tokens",
+           "limit_key", "storage_url"]

@@ -44,6 +44,7 @@ async def messages(request: Request) -> Response:
                                  "no-cache" in headers.get("cache-control", "").lower())
         services = services_of(request.app)
         capabilities.check(services.config, gen)  # the model's capabilities: the router's
+        await services.gate.enter(request.scope, gen)  # per-key limits
         pipeline = services.pipeline
         completion = await pipeline.complete(gen)
     except RedlineError as exc:

@@ -11,7 +11,6 @@ from starlette.types import Scope
 
 from redline.api import capabilities, jobs_routes, sse
 from redline.api.chunks import ChunkEncoder
-from redline.api.limits import reserve_tokens
 from redline.api.schemas import ChatCompletionRequest, CompletionRequest
 from redline.api.services import Services, services_of
 from redline.api.tenant import tenant_from
@@ -58,6 +57,9 @@ async def list_models(request: Request) -> dict[str, Any]:
     services = services_of(request.app)
     created = int(services.started_at)
     names = [*services.pipeline.model_names(), AUTO]
+    key = request.scope.get("state", {}).get("api_key")
+    if key is not None and key.models is not None:  # a key sees the models it may use
+        names = [n for n in names if n in key.models]
     return {"object": "list",
             "data": [{"id": n, "object": "model", "created": created, "owned_by": "redline"}
                      for n in names]}
@@ -92,6 +94,7 @@ async def serve(services: Services, request: Request,
         gen.session = session
     capabilities.check(services.config, gen)  # n, the embedded engine's fields
     pipeline = services.pipeline
+    await services.gate.check(request.scope, gen)  # a key's allowlist and budget, jobs too
     if jobs_routes.wants_job(body, gen, pipeline):  # tier B or "background": 202 + a job
         return await jobs_routes.accept(request, body, gen, gen_kind)
     request_id = asked.get(b"x-request-id") or gen.id
@@ -102,8 +105,9 @@ async def serve(services: Services, request: Request,
         response = await jobs_routes.accept(request, body, gen, gen_kind)
         response.headers["X-Redline-Degraded"] = "background"
         return response
-    # after the plan, so a request refused by it holds no tokens; a job is charged as it runs
-    await reserve_tokens(services.limiter, request.scope, gen)
+    # after the plan, so a request refused by it holds no slot and no tokens; a job is
+    # charged as it runs. The gate: a key's concurrent generations, then its tokens
+    await services.gate.enter(request.scope, gen)
     parts = (_StreamParts(gen, gen_kind, body.include_usage, streams, prepared.model, prepared.tier)
              if body.stream else None)
     completion = await pipeline.open(prepared)

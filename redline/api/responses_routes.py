@@ -73,6 +73,7 @@ async def create(request: Request) -> Response:
     services = services_of(request.app)
     try:
         capabilities.check(services.config, gen)
+        await services.gate.enter(request.scope, gen)  # per-key limits
         completion = await services.pipeline.complete(gen)  # the router checks capabilities
     except InvalidRequest as exc:  # named as this API names the field
         exc.param = _PARAMS.get(exc.param or "", exc.param)

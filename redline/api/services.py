@@ -18,8 +18,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from redline.api.auth import ManagedKeys
+from redline.api.gate import GenerationGate, JobGate
 from redline.api.job_body import decode_body
-from redline.api.limits import JobGate, TenantLimiter
+from redline.api.limits import TenantLimiter
 from redline.backends.base import Backend
 from redline.cache import ResponseCache
 from redline.config import ModelConfig, RedlineConfig
@@ -30,10 +32,12 @@ from redline.pipeline import Observer, Pipeline
 from redline.routing.router import Router
 from redline.store import open_store
 from redline.store.base import Store
+from redline.store.keys import KeyStore
 from redline.streams import StreamManager
 from redline.telemetry.live import LiveStats
 from redline.telemetry.longtail import Budget, LongTailLog
 from redline.telemetry.metrics import Metrics
+from redline.telemetry.usage import UsageLog
 
 
 class Inflight:
@@ -57,6 +61,9 @@ class Services:
     live: LiveStats | None
     jobs: JobService
     experiments: Experiments  # the pipeline's (it assigns the arms); read by the admin routes
+    keys: ManagedKeys  # managed API keys (/v1/admin/keys), looked up by Auth
+    usage: UsageLog  # per tenant, key and model (/v1/admin/usage)
+    gate: GenerationGate  # per key: allowlist, budget, concurrent generations, tokens
     inflight: Inflight = field(default_factory=Inflight)
     started_at: float = field(default_factory=time.time)
     started: asyncio.Event = field(default_factory=asyncio.Event)  # the models are loaded
@@ -126,6 +133,8 @@ def build(config: RedlineConfig, backends: Mapping[str, Backend] | None = None,
     # the long-tail log always (it is the SLO record); live stats with metrics on
     longtail = LongTailLog(budgets, metrics, config.telemetry.slow_log_size, store=lambda: store)
     live = LiveStats(budgets) if config.telemetry.metrics else None
+    usage = UsageLog(lambda: store, config.telemetry.usage_flush_s, config.telemetry.usage_retention_s)
+    gate = GenerationGate(limiter, config.limits, usage, store)
     told: list[Observer] = [
         *([cache] if cache is not None else []),  # stores each fresh answer
         experiments.recorder,  # per-arm figures
@@ -133,13 +142,16 @@ def build(config: RedlineConfig, backends: Mapping[str, Backend] | None = None,
         *([live] if live is not None else []),
         streams.history,  # answer lengths, for the progress estimate
         limiter,  # charges each answer's tokens
+        gate,  # frees its generation slot, charges a key's budget
+        usage,  # counts it per tenant, key and model
         *observers,
     ]
     pipeline = Pipeline(router, metrics, cache, experiments, told)
     jobs = JobService(config.jobs, Path(config.server.data_dir), config.store.url,
                       pipeline, metrics.jobs, decode_body, JobGate(limiter))
+    keys = ManagedKeys(KeyStore(store), config.auth.key_cache_s)
     return Services(config, metrics, store, pipeline, streams, limiter, longtail, live, jobs,
-                    experiments)
+                    experiments, keys, usage, gate)
 
 
 __all__ = ["Inflight", "Services", "build", "build_backend", "library_threads", "services_of"]

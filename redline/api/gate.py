@@ -1,0 +1,237 @@
+"""The way into a generation, per request and per key: what a key may do before it runs.
+
+`GenerationGate.enter(scope, gen)` is called once by every generating route (chat and
+text completions, messages, responses) once the body is read, in this order:
+
+    model allowlist (404, as for a model that does not exist)
+    → token budget of the period (429 insufficient_quota)
+    → concurrent generations (429 rate_limit_exceeded + Retry-After)
+    → token reservation (api/limits.py: 429 + Retry-After)
+
+Concurrent generations are counted per tenant (a managed key with limits of its own:
+per key; an open server: per client address) on this replica, from admission until the
+generation ends, as the pipeline reports it (`on_finish`): a stream whose client left
+and which still generates for a resume keeps its slot until it ends or is aborted. A
+request that fails before it generates gives its slot back when its response ends
+(`ReleaseSlots`); one whose end is never reported is freed after `generation_lease_s`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from redline.api.auth import key_label
+from redline.api.limits import TenantLimiter, estimate_tokens, limit_key
+from redline.config import ApiKey, LimitsConfig
+from redline.errors import ModelNotFound, RateLimited
+from redline.store.base import Store, StoreUnavailable
+from redline.telemetry.usage import UsageLog
+from redline.types import Finished, GenerationRequest
+
+SLOT_RETRY_AFTER_S = 1.0  # a slot frees when some generation ends: no window to wait for
+
+
+class Slots:
+    """Generations in flight per owner (request id -> since when)."""
+
+    def __init__(self, lease_s: float) -> None:
+        self.lease_s = lease_s
+        self.held: dict[str, dict[str, float]] = {}
+        self.owner: dict[str, str] = {}  # request id -> whose slot
+
+    def count(self, who: str) -> int:
+        held = self.held.get(who, {})
+        old = [rid for rid, since in held.items() if time.monotonic() - since > self.lease_s]
+        for rid in old:
+            self.release(rid)
+        return len(held)
+
+    def acquire(self, who: str, request_id: str, cap: int) -> bool:
+        if self.count(who) >= cap:
+            return False
+        self.held.setdefault(who, {})[request_id] = time.monotonic()
+        self.owner[request_id] = who
+        return True
+
+    def release(self, request_id: str) -> None:
+        who = self.owner.pop(request_id, None)
+        if who is None:
+            return
+        held = self.held.get(who)
+        if held is not None:
+            held.pop(request_id, None)
+            if not held:
+                del self.held[who]
+
+
+def budget_key(key_id: str, period_s: int, now: float) -> tuple[str, float]:
+    """The store counter of a key's budget in the period that holds `now`, and how long
+    it has to live (to the period's end)."""
+    period = int(now) // period_s
+    return f"budget:{key_id}:{period}", max(1.0, (period + 1) * period_s - now)
+
+
+class GenerationGate:
+    """`enter` for each live request; a pipeline observer (`on_finish`) for its end."""
+
+    def __init__(self, limiter: TenantLimiter, limits: LimitsConfig, usage: UsageLog,
+                 store: Store) -> None:
+        self.limiter, self.usage, self.store = limiter, usage, store
+        self.default_cap = limits.max_concurrent
+        self.slots = Slots(limits.generation_lease_s)
+        self.budgets: dict[str, tuple[str, float]] = {}  # request id -> (counter, ttl)
+        self.pending: set[asyncio.Task[None]] = set()
+
+    async def check(self, scope: Scope, gen: GenerationRequest) -> None:
+        """The key's allowlist and budget only: what a request that becomes a job (it
+        takes no slot; its tokens are charged as it runs) must pass as well."""
+        key: ApiKey | None = scope.get("state", {}).get("api_key")
+        if key is not None and key.models is not None and gen.model not in key.models:
+            raise ModelNotFound(f"The model `{gen.model}` does not exist or you do not have "
+                                "access to it.", param="model")
+        if key is not None and key.budget_tokens is not None:
+            await self._check_budget(key.budget_tokens, key.budget_period_s, key_label(scope))
+
+    async def enter(self, scope: Scope, gen: GenerationRequest) -> None:
+        state = scope.setdefault("state", {})
+        key: ApiKey | None = state.get("api_key")
+        label = key_label(scope)
+        await self.check(scope, gen)
+        if key is not None and key.budget_tokens is not None:  # charged when it ends
+            self.budgets[gen.id] = budget_key(label, key.budget_period_s, time.time())
+        who = limit_key(scope, self.limiter.keyed)
+        cap = (key.max_concurrent if key is not None else None) or self.default_cap
+        if cap is not None:
+            if not self.slots.acquire(who, gen.id, cap):
+                self.budgets.pop(gen.id, None)
+                raise RateLimited(f"Too many concurrent generations: limit {cap} at once "
+                                  "(streams still generating for a resume count). Please try "
+                                  f"again in {SLOT_RETRY_AFTER_S:g}s.",
+                                  retry_after=SLOT_RETRY_AFTER_S)
+            state.setdefault("slots", []).append(gen.id)
+        verdict = await self.limiter.reserve(who, gen.id, estimate_tokens(gen))
+        if not verdict.allowed:
+            self.slots.release(gen.id)
+            self.budgets.pop(gen.id, None)
+            raise RateLimited(verdict.message, retry_after=verdict.retry_after)
+        self.usage.note_key(gen.id, label)
+        state.setdefault("entered", []).append((gen.id, gen.tenant, gen.model))
+
+    async def _check_budget(self, budget: int, period_s: int, label: str) -> None:
+        counter, left = budget_key(label, period_s, time.time())
+        try:
+            spent = int(await self.store.get(counter) or b"0")
+        except StoreUnavailable:
+            spent = 0  # fail open, as the rate limits do
+        if spent >= budget:
+            raise RateLimited(f"You exceeded your current quota: this key's budget of "
+                              f"{budget} tokens per {period_s} s is spent.",
+                              code="insufficient_quota", retry_after=left)
+
+    def on_finish(self, done: Finished) -> None:
+        rid = done.request.id
+        self.slots.release(rid)
+        budget = self.budgets.pop(rid, None)
+        if budget is None:
+            return
+        usage = done.usage
+        tokens = usage.total_tokens if usage is not None else done.output_tokens
+        if tokens > 0:
+            task = asyncio.get_running_loop().create_task(self._charge(budget, tokens))
+            self.pending.add(task)
+            task.add_done_callback(self.pending.discard)
+
+    async def _charge(self, budget: tuple[str, float], tokens: int) -> None:
+        try:
+            await self.store.incr(budget[0], tokens, ttl=budget[1])
+        except StoreUnavailable:
+            pass  # fail open: this answer is not charged to the budget
+
+    def leave(self, scope: Scope, generating: bool, status: int) -> None:
+        """The response ended: its slots go back unless its generation goes on without it
+        (a stream: it reports its own end); a request that never generated is counted."""
+        if generating:
+            return
+        state = scope.get("state", {})
+        for rid in state.get("slots", ()):
+            self.slots.release(rid)
+            self.budgets.pop(rid, None)
+        for rid, tenant, model in state.get("entered", ()):
+            self.usage.failed(rid, tenant, model, status)
+
+    async def close(self) -> None:
+        if self.pending:
+            await asyncio.gather(*self.pending, return_exceptions=True)
+
+
+class ReleaseSlots:
+    """ASGI middleware: a request's generation slots go back when its response ends,
+    unless it is an event stream (whose generation may go on for a resume, and reports
+    its own end to the gate)."""
+
+    def __init__(self, app: ASGIApp, gate: GenerationGate) -> None:
+        self.app, self.gate = app, gate
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["method"] != "POST":
+            await self.app(scope, receive, send)
+            return
+        streamed, status = False, 499  # no answer sent: the client left
+
+        async def watch(message: Message) -> None:
+            nonlocal streamed, status
+            if message["type"] == "http.response.start":
+                status = int(message["status"])
+                streamed = any(name == b"content-type" and value.startswith(b"text/event-stream")
+                               for name, value in message.get("headers", ()))
+            await send(message)
+
+        try:
+            await self.app(scope, receive, watch)
+        except Exception:
+            if status == 499:  # failed before an answer began: the server's error
+                status = 500
+            raise
+        finally:
+            self.gate.leave(scope, streamed, status)
+
+
+class JobGate:
+    """Background jobs and batch lines through their tenant's limits as they run (the
+    jobs' `Gate`): each counts one request and reserves its tokens; over the limit it
+    waits for the window (Retry-After) instead of failing, so a batch paces itself and
+    leaves its tenant's live requests only what is left."""
+
+    def __init__(self, limiter: TenantLimiter) -> None:
+        self.limiter = limiter
+
+    async def enter(self, tenant: str, request: Any) -> None:
+        limiter = self.limiter
+        tokens, tpm = estimate_tokens(request), limiter.quota(tenant).tpm
+        if tpm and tokens > tpm:  # it would wait forever: the client's mistake, a 429 now
+            raise RateLimited(f"This request may use {tokens} tokens, more than the "
+                              f"{tpm} tokens per window this key has.")
+        while True:
+            verdict = await limiter.reserve(tenant, request.id, tokens)
+            if verdict.allowed:
+                verdict = await limiter.count_request(tenant)
+                if verdict.allowed:
+                    return
+                taken = limiter.reserved.pop(request.id, None)
+                if taken is not None:
+                    await limiter.settle(taken, 0)  # not running yet: give the tokens back
+            await asyncio.sleep(min(max(verdict.retry_after, 0.05), float(limiter.window)))
+
+
+async def reserve_tokens(limiter: TenantLimiter, scope: Scope, gen: Any) -> None:
+    """Only the token reservation of `GenerationGate.enter` (for a caller without a gate)."""
+    verdict = await limiter.reserve(limit_key(scope, limiter.keyed), gen.id, estimate_tokens(gen))
+    if not verdict.allowed:
+        raise RateLimited(verdict.message, retry_after=verdict.retry_after)
+
+
+__all__ = ["GenerationGate", "JobGate", "ReleaseSlots", "Slots", "budget_key", "reserve_tokens"]
