@@ -197,6 +197,9 @@ def test_a_wrong_hit_raises_the_entry_bar_and_the_threshold(tmp_path: Path) -> N
         assert "redline_cache_semantic_hits_total 1.0" in metrics
         assert "redline_cache_semantic_threshold 0.84" in metrics
         assert 'redline_cache_wrong_hit_rate{value="upper"} 1.0' in metrics
+        budget = client.get("/v1/admin/stats").json()["cache_budget"]  # the dashboard's
+        assert budget["checks"] == 2 and budget["threshold"] == 0.84 and budget["budget"] == 0.02
+        assert budget["semantic_on"] is True and budget["upper"] == 1.0
 
 
 def test_a_right_hit_stays_served(tmp_path: Path) -> None:

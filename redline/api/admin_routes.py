@@ -38,4 +38,12 @@ async def stats(request: Request,
         "live": live,
         "hardware": metrics.hardware.sample().to_dict(),
         "slow": await state.longtail.recent(20),
+        "cache_budget": _cache_budget(state),
     }
+
+
+def _cache_budget(state: Any) -> dict[str, float | int | bool] | None:
+    """The semantic cache's error budget (cache.max_wrong_hit_rate), when it is kept."""
+    cache = state.pipeline.cache
+    verifier = cache.verifier if cache is not None else None
+    return verifier.summary() if verifier is not None else None

@@ -118,6 +118,14 @@ class Verifier:
         for name, value in (("estimate", est.rate), ("lower", est.lower), ("upper", est.upper)):
             self.m_rate.labels(name).set(value)
 
+    def summary(self) -> dict[str, float | int | bool]:
+        """The budget as the dashboard shows it (this replica)."""
+        b, est = self.budget, self.budget.estimate()
+        return {"budget": b.budget, "threshold": b.threshold, "semantic_on": b.semantic_on,
+                "verified": est.verified, "wrong": est.wrong, "rate": round(est.rate, 4),
+                "lower": round(est.lower, 4), "upper": round(est.upper, 4),
+                "checks": self.verdicts}
+
     # -- lifecycle -------------------------------------------------------------
     def start(self, embedder: Embedder, executor: Executor) -> None:
         self.embedder, self.executor = embedder, executor
