@@ -362,7 +362,8 @@ class CacheConfig(_Section):
     shadow_sample: float = Field(0.05, ge=0.0, le=1.0,
                                  description="share of semantic hits (and of would-be hits not "
                                  "served) checked against the model's own answer, made while "
-                                 "the engine is idle; 0: no checks, the threshold stays put")
+                                 "the engine is idle (every 1/x-th one); 0: no checks, the "
+                                 "threshold stays put")
     shadow_agreement: float = Field(0.80, ge=0.0, le=1.0,
                                     description="answer-embedding similarity at which the served "
                                     "and the model's answers agree (same numbers, times, units too)")

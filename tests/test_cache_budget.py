@@ -232,3 +232,20 @@ def test_semantic_off_no_checks(tmp_path: Path) -> None:
         assert _ask(client, Q2) == "semantic"
         time.sleep(0.2)
         assert cache.verifier.verdicts == 0 and book.calls == 1  # nothing sampled, no shadow
+
+
+def test_the_sample_is_every_nth_hit() -> None:
+    from redline.cache.verify import Verifier
+    from redline.config import CacheConfig
+    from redline.store.memory import MemoryStore
+
+    v = Verifier(CacheConfig(shadow_sample=0.25), MemoryStore(), ShadowGenerator({}))
+    picked = []
+    for i in range(12):
+        req = _req(f"q{i}")
+        v.note(req, "fake", "e", 0.9, "a", served=True)
+        picked.append(req.id in v._pending)
+    assert picked == [False, False, False, True] * 3
+    none = Verifier(CacheConfig(shadow_sample=0.0), MemoryStore(), ShadowGenerator({}))
+    none.note(_req("q"), "fake", "e", 0.9, "a", served=False)
+    assert not none._pending

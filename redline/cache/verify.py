@@ -4,7 +4,9 @@
     finished(done)                                    at the request's end: queue the check
     threshold / semantic_on / barred(entry, s)        what the lookup may serve now
 
-A sample (`cache.shadow_sample`) of semantic hits is checked: the model's own answer to
+A sample (`cache.shadow_sample`) of semantic hits is checked (systematic: at a rate of 5 %
+the 20th, 40th, ... hit; served and would-be hits counted apart; deterministic, so a
+handful of hits in a test never starts a shadow by chance): the model's own answer to
 the question actually asked is made in the background at low priority (shadow.py) and
 compared with the answer served (judge.py). Would-be hits that were not served (under the
 current threshold, barred, or semantic hits off) are checked the same way, except that
@@ -20,7 +22,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import random
 from concurrent.futures import Executor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -60,13 +61,14 @@ class Check:
 
 class Verifier:
     def __init__(self, cfg: CacheConfig, store: Store, generator: ShadowGenerator,
-                 metrics: Metrics | None = None, seed: int | None = None) -> None:
+                 metrics: Metrics | None = None) -> None:
         self.cfg, self.store, self.generator = cfg, store, generator
         self.budget = ErrorBudget(cfg.max_wrong_hit_rate, cfg.similarity_threshold,
                                   step=cfg.threshold_step, loosen_after=cfg.loosen_after)
         self.embedder: Embedder | None = None  # the cache's, once loaded
         self.executor: Executor | None = None  # the cache's embedding thread
-        self._rng = random.Random(seed)
+        self._seen = {True: 0, False: 0}  # hits seen, served and not
+        self._taken = {True: 0, False: 0}  # of which sampled
         self._pending: TTLCache[str, Check] = TTLCache(maxsize=4096, ttl=600)
         self._queue: asyncio.Queue[Check] = asyncio.Queue(maxsize=QUEUE)
         self._worker: asyncio.Task[None] | None = None
@@ -157,7 +159,9 @@ class Verifier:
              text: str, served: bool) -> None:
         if served and self.m_hits is not None:
             self.m_hits.inc()
-        if self._rng.random() < self.cfg.shadow_sample:
+        self._seen[served] += 1
+        if self._seen[served] * self.cfg.shadow_sample >= self._taken[served] + 1 - 1e-9:
+            self._taken[served] += 1
             self._pending[request.id] = Check(request, model, entry, similarity, text, served)
 
     def finished(self, done: Finished) -> None:
