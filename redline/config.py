@@ -374,6 +374,24 @@ class CacheConfig(_Section):
     cache_sampled: bool = Field(False, description="also cache requests with temperature > 0")
     embedder_path: str | None = Field(None, description="sentence-transformers model dir; "
                                       "None: the bundled all-MiniLM-L6-v2")
+    # the error budget (cache/verify.py): checked on live traffic, kept by the threshold
+    max_wrong_hit_rate: float = Field(0.02, gt=0.0, le=1.0,
+                                      description="share of semantic hits allowed to serve the "
+                                      "answer to a different question; above it (95% bound) "
+                                      "the threshold rises, then semantic hits turn off")
+    shadow_sample: float = Field(0.05, ge=0.0, le=1.0,
+                                 description="share of semantic hits (and of would-be hits not "
+                                 "served) checked against the model's own answer, made while "
+                                 "the engine is idle (every 1/x-th one); 0: no checks, the "
+                                 "threshold stays put")
+    shadow_agreement: float = Field(0.80, ge=0.0, le=1.0,
+                                    description="answer-embedding similarity at which the served "
+                                    "and the model's answers agree (same numbers, times, units too)")
+    threshold_step: float = Field(0.02, gt=0.0, le=0.2,
+                                  description="how far one tightening or loosening moves the "
+                                  "threshold")
+    loosen_after: int = Field(50, ge=1, description="checks between two moves of the threshold "
+                              "before it may loosen again (loosening is slow on purpose)")
 
 
 _ARM_SAMPLING = {"temperature", "top_p", "top_k", "max_tokens", "seed"}

@@ -46,6 +46,7 @@ async def stats(request: Request,
         "live": live,
         "hardware": metrics.hardware.sample().to_dict(),
         "slow": await state.longtail.recent(20),
+        "cache_budget": _cache_budget(state),
     }
 
 
@@ -100,3 +101,10 @@ async def usage(request: Request, start: float | None = Query(None, ge=0),
              "model": r.model if group_by == "model" else None, **c} for r, c in page]
     return {"object": "list", "start": start, "end": end, "group_by": group_by, "data": data,
             "has_more": len(ordered) > limit, "last_id": data[-1]["id"] if data else None}
+
+
+def _cache_budget(state: Any) -> dict[str, float | int | bool] | None:
+    """The semantic cache's error budget (cache.max_wrong_hit_rate), when it is kept."""
+    cache = state.pipeline.cache
+    verifier = cache.verifier if cache is not None else None
+    return verifier.summary() if verifier is not None else None

@@ -124,7 +124,8 @@ def build(config: RedlineConfig, backends: Mapping[str, Backend] | None = None,
     router = Router(backends, default, config.routing, metrics, embedder_threads=threads,
                     capabilities={m.name: m.effective_capabilities() for m in config.models})
     store = open_store(config.store.url or "memory://")  # the one store: caches, journals, ...
-    cache = (ResponseCache(config.cache, store, metrics, embedder_threads=threads)
+    cache = (ResponseCache(config.cache, store, metrics, embedder_threads=threads,
+                           backends=backends)  # the error budget's checks
              if config.cache.enabled else None)
     experiments = Experiments(config.experiments, backends)  # A/B arms, before the cache
     streams = StreamManager(config.streams, metrics, store=lambda: store)

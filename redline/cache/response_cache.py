@@ -7,6 +7,8 @@ Exact: one store `get` by a hash of everything that shapes the answer (see keys.
 Semantic (chat only): embed the last user message off the event loop, search the
 partition's vectors (index.py), then serve the best candidate over the threshold that
 the near-miss guard (guard.py) lets through. Store failures fail open (a miss).
+With backends given, the error budget (verify.py) checks a sample of semantic hits on
+live traffic and moves the threshold (never below the configured one) and per-entry bars.
 
 Only greedy requests (temperature 0) are cached unless `cache_sampled` is on: a
 sampled answer is one draw among many, and replaying it changes what the user asked
@@ -21,7 +23,7 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -34,10 +36,13 @@ from redline.cache import guard
 from redline.cache.embedder import Embedder, load_minilm
 from redline.cache.index import SemanticIndex
 from redline.cache.keys import CacheKeys, cache_keys
+from redline.cache.shadow import ShadowGenerator
+from redline.cache.verify import Verifier
 from redline.store.base import Store, StoreUnavailable
 from redline.types import Chunk, GenerationRequest, Usage
 
 if TYPE_CHECKING:
+    from redline.backends.base import Backend
     from redline.config import CacheConfig
     from redline.telemetry.metrics import Metrics
     from redline.types import Finished
@@ -101,7 +106,10 @@ def accepts(cfg: CacheConfig, question: str, candidate: str, similarity: float) 
 
 class ResponseCache:
     def __init__(self, cfg: CacheConfig, store: Store, metrics: Metrics | None = None,
-                 embedder: Embedder | None = None, embedder_threads: int = 1) -> None:
+                 embedder: Embedder | None = None, embedder_threads: int = 1,
+                 backends: Mapping[str, Backend] | None = None) -> None:
+        """`backends`: the models whose answers a semantic hit is checked against (the
+        error budget); without them the threshold stays as configured."""
         self.cfg = cfg
         self.embedder_threads = embedder_threads  # torch's (0: its default); see api/app.py
         self.store = store
@@ -113,6 +121,9 @@ class ResponseCache:
         # a miss's question vector, kept until its answer is stored (so it is embedded once)
         self._vectors: TTLCache[str, np.ndarray] = TTLCache(maxsize=4096, ttl=600)
         self._tasks: set[asyncio.Task[None]] = set()
+        self.verifier: Verifier | None = None
+        if backends is not None and cfg.semantic:
+            self.verifier = Verifier(cfg, store, ShadowGenerator(backends), metrics)
         self.lookup_seconds: Histogram | None = None
         if metrics is not None and metrics.enabled:  # off: no-op metrics, nothing to add
             self.lookup_seconds = Histogram(
@@ -133,8 +144,12 @@ class ResponseCache:
                 log.exception("semantic cache off: the embedder did not load")
                 return
         self.index = SemanticIndex(self.store, self.embedder.dim, max_entries=self.cfg.max_entries)
+        if self.verifier is not None:
+            self.verifier.start(self.embedder, self._embed_pool)
 
     async def close(self) -> None:
+        if self.verifier is not None:
+            await self.verifier.close()
         if self._tasks:
             await asyncio.gather(*list(self._tasks), return_exceptions=True)
         self._embed_pool.shutdown(wait=False, cancel_futures=True)
@@ -188,21 +203,36 @@ class ResponseCache:
             return Lookup("miss")
         vector = await self.embed(keys.question)
         self._vectors[request.id] = vector
+        verifier = self.verifier
+        would: tuple[str, float, CachedAnswer] | None = None  # the best hit not served
         for cand in await self.index.search(keys.partition, vector, CANDIDATES):
             if cand.similarity < self.cfg.similarity_threshold:
                 break
             if not self.accepts(keys.question, cand.question, cand.similarity):
                 continue
             raw = await self.store.get(ENTRY + cand.key)
-            if raw is not None:  # else evicted or expired: try the next one
-                return Lookup("semantic", answer=CachedAnswer.from_bytes(raw),
-                              similarity=cand.similarity)
+            if raw is None:  # evicted or expired: try the next one
+                continue
+            answer = CachedAnswer.from_bytes(raw)
+            if verifier is not None and (
+                    not verifier.semantic_on or cand.similarity < verifier.threshold
+                    or await verifier.barred(cand.key, cand.similarity)):
+                would = would or (cand.key, cand.similarity, answer)
+                continue
+            if verifier is not None:
+                verifier.note(request, answer.model, cand.key, cand.similarity, answer.text, True)
+            return Lookup("semantic", answer=answer, similarity=cand.similarity)
+        if verifier is not None and would is not None:
+            key, similarity, answer = would
+            verifier.note(request, answer.model, key, similarity, answer.text, False)
         return Lookup("miss")
 
     # -- store -----------------------------------------------------------------
     def on_finish(self, completion: Finished) -> None:
         """Observer: store an answer that was looked up, missed, and finished well."""
         req = completion.request
+        if self.verifier is not None:
+            self.verifier.finished(completion)
         cut_short = completion.finish_reason == "length" and \
             completion.output_tokens < req.sampling.max_tokens  # e.g. the router shortened it
         if completion.cache != "miss" or not self.cacheable(req) or completion.status != "200" \

@@ -19,6 +19,16 @@ function cell(row, text, cls) {
   row.append(td);
 }
 
+// the semantic cache's error budget: estimated wrong-hit rate, its 95% upper bound, the budget
+function budgetTiles(b) {
+  if (!b) return [];
+  return [
+    ["wrong semantic hits (≤ 95% bound) / budget",
+     `${pct(b.rate)} (≤ ${pct(b.upper)}) / ${pct(b.budget)} · ${b.wrong} of ${b.verified}`],
+    ["semantic threshold", b.semantic_on ? b.threshold.toFixed(2) : "off"],
+  ];
+}
+
 function tiles(stats) {
   const live = stats.live || {};
   const items = [
@@ -26,6 +36,7 @@ function tiles(stats) {
     ["tokens/s", live.tokens_per_s?.toFixed(1) ?? "–"],
     ["in flight", stats.in_flight],
     ["cache hit rate", pct(live.cache_hit_rate)],
+    ...budgetTiles(stats.cache_budget),
     ["interrupted (window)", live.interrupted ?? "–"],
     ["interruptions / resumes", `${stats.interruptions_total} / ${stats.resumes_total}`],
     ["CPU", pct(stats.hardware.cpu_utilization)],

@@ -1,0 +1,251 @@
+"""The semantic cache's error budget: the estimate and its bounds, the threshold moves,
+the judge, low-priority shadow generation, and the whole loop through the app with a
+fake backend whose answers differ (or not) for a paraphrased pair."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+from fastapi.testclient import TestClient
+
+from redline.api.app import create_app
+from redline.backends.fake import FakeBackend
+from redline.cache.embedder import HashingEmbedder
+from redline.cache.error_budget import CEILING, ErrorBudget, wilson
+from redline.cache.judge import wrong
+from redline.cache.shadow import ShadowGenerator
+from redline.config import RedlineConfig
+from redline.types import Chunk, GenerationRequest, Message, SamplingParams, Usage
+
+Q1 = "Where is my order 1042 right now?"
+Q2 = "where is my order 1042 right now"  # a paraphrase the cache serves at threshold 0.8
+
+
+class Book(FakeBackend):
+    """Answers each question from a dict (word by word), others with a default."""
+
+    def __init__(self, answers: dict[str, str], busy: int = 0) -> None:
+        super().__init__("fake")
+        self.answers = answers
+        self.busy = busy  # requests that pretend to wait in the engine
+
+    def load(self) -> int:
+        return self.inflight + self.busy
+
+    async def stream(self, request: GenerationRequest) -> AsyncIterator[Chunk]:
+        self.calls += 1
+        self.inflight += 1
+        try:
+            question = (request.messages or (Message("user", ""),))[-1].content
+            words = self.answers.get(question, "I do not know that.").split(" ")
+            for i, word in enumerate(words):
+                await asyncio.sleep(0)
+                last = i == len(words) - 1
+                yield Chunk(text=word if i == 0 else " " + word, tokens=1,
+                            finish_reason="stop" if last else None,
+                            usage=Usage(5, len(words)) if last else None)
+        finally:
+            self.inflight -= 1
+
+
+# -- the estimate and the threshold ------------------------------------------
+def test_wilson_bounds() -> None:
+    assert wilson(0, 0) == (0.0, 1.0)
+    lo, hi = wilson(0, 200)
+    assert lo == 0.0 and 0.005 < hi < 0.02  # 200 right hits: under a 2 % budget
+    lo, hi = wilson(10, 100)
+    assert 0.05 < lo < 0.1 < hi < 0.17
+
+
+def test_tightens_when_wrong_hits_exceed_the_budget_then_turns_off() -> None:
+    b = ErrorBudget(0.02, 0.70, step=0.05, loosen_after=10)
+    for _ in range(20):
+        assert b.record(0.9, False) == "held"  # too little evidence to loosen or tighten
+    assert b.threshold == 0.70
+    assert b.record(0.9, True) == "held"  # 1 of 21: lower bound ~1 % < 2 %
+    moves = [b.record(0.9, True) for _ in range(3)]
+    assert "tightened" in moves and b.threshold > 0.70
+    assert 0.02 < b.estimate(0.70).lower
+    while b.semantic_on:  # wrong hits keep coming at every similarity: off in the end
+        b.record(0.995, True)
+    assert b.threshold <= CEILING and not b.semantic_on
+
+
+def test_one_wrong_hit_alone_tightens() -> None:
+    b = ErrorBudget(0.02, 0.70)
+    assert b.record(0.75, True) == "tightened"  # 1 of 1: lower bound 27 %
+    assert b.threshold == 0.72
+
+
+def test_loosens_slowly_only_with_evidence_under_the_budget_and_never_below_the_floor() -> None:
+    b = ErrorBudget(0.02, 0.70, step=0.02, loosen_after=50)
+    b.record(0.71, True)
+    assert b.threshold == 0.72
+    # the rate at 0.70 counts every hit at or above it: 1 wrong of 101 is not yet shown
+    # to be under 2 % (upper bound ~5 %), so nothing moves
+    for _ in range(100):
+        b.record(0.95, False)
+    assert b.threshold == 0.72
+    moves = [b.record(0.95, False) for _ in range(300)]
+    assert moves.count("loosened") == 1 and b.threshold == 0.70
+    assert b.estimate().upper < 0.02
+    for _ in range(200):
+        b.record(0.705, False)
+    assert b.threshold == 0.70  # the configured threshold is the floor
+
+
+def test_semantic_hits_come_back_on_only_with_evidence() -> None:
+    b = ErrorBudget(0.02, 0.98, step=0.02, loosen_after=5)
+    assert b.record(0.985, True) == "off"  # 0.98 + 0.02 is past the ceiling (0.99)
+    for _ in range(100):  # would-be hits far below the ceiling say nothing of it
+        assert b.record(0.9, False) == "held"
+    moves = [b.record(0.995, False) for _ in range(200)]
+    assert moves.count("on") == 1 and b.semantic_on
+
+
+# -- the judge ---------------------------------------------------------------
+def test_judge() -> None:
+    e = HashingEmbedder()
+    assert not wrong("Your order left the depot.", "your order left the depot", e, 0.8)
+    assert wrong("The train leaves at 9 am on Monday.", "The train leaves at 9 pm on Monday.",
+                 e, 0.8)  # another time: wrong whatever the embedding says
+    assert wrong("It costs 5 dollars.", "It costs 7 dollars.", e, 0.0)
+    assert wrong("Reset it in Settings.", "Call the bank to close your account.", e, 0.8)
+
+
+# -- shadow generation at low priority -----------------------------------------
+def _req(text: str) -> GenerationRequest:
+    return GenerationRequest("fake", SamplingParams(temperature=0.0, max_tokens=16),
+                             (Message("user", text),))
+
+
+async def test_no_shadow_generation_while_requests_wait() -> None:
+    book = Book({Q1: "It is on its way."}, busy=2)
+    gen = ShadowGenerator({"fake": book}, max_wait_s=0.2, poll_s=0.01)
+    assert await gen.generate(_req(Q1), "fake") is None
+    assert book.calls == 0  # never started while the engine had work waiting
+    book.busy = 0
+    assert await gen.generate(_req(Q1), "fake") == "It is on its way."
+    assert book.calls == 1
+
+
+async def test_a_request_that_arrives_preempts_the_shadow() -> None:
+    book = Book({Q1: " ".join(["word"] * 50)})
+    gen = ShadowGenerator({"fake": book}, max_wait_s=0.3, poll_s=0.01, attempts=2)
+    task = asyncio.create_task(gen.generate(_req(Q1), "fake"))
+    while book.calls == 0:
+        await asyncio.sleep(0)
+    book.busy = 1  # a user's request arrives mid-generation and stays
+    assert await task is None
+    assert gen.preempted == 1 and book.inflight == 0  # abandoned and closed, not retried
+
+
+# -- the whole loop through the app -----------------------------------------
+def _client(tmp_path: Path, book: Book, **cache: Any) -> TestClient:
+    cfg = RedlineConfig(server={"data_dir": str(tmp_path)}, store={"url": "memory://"},
+                        cache={"similarity_threshold": 0.8, "shadow_sample": 1.0, **cache})
+    app = create_app(cfg, backends={"fake": book})
+    app.state.pipeline.cache.embedder = HashingEmbedder()  # no torch in these tests
+    return TestClient(app)
+
+
+def _ready(client: TestClient) -> None:
+    deadline = time.monotonic() + 30
+    while client.get("/readyz").status_code != 200:
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+
+
+def _ask(client: TestClient, text: str) -> str:
+    r = client.post("/v1/chat/completions", json={
+        "model": "fake", "temperature": 0, "max_tokens": 16,
+        "messages": [{"role": "user", "content": text}]})
+    assert r.status_code == 200, r.text
+    return str(r.headers["x-redline-cache"])
+
+
+def _wait(cond: Any) -> None:
+    deadline = time.monotonic() + 10
+    while not cond():
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+
+
+def test_a_wrong_hit_raises_the_entry_bar_and_the_threshold(tmp_path: Path) -> None:
+    book = Book({Q1: "It left the depot on Monday.", Q2: "It was delivered on Friday."})
+    with _client(tmp_path, book) as client:
+        _ready(client)
+        cache = client.app.state.pipeline.cache  # type: ignore[attr-defined]
+        assert _ask(client, Q1) == "miss"
+        _wait(lambda: not cache._tasks)
+        assert _ask(client, Q2) == "semantic"  # served, and checked in the background
+        _wait(lambda: cache.verifier.verdicts == 1)
+        assert book.calls == 2  # the shadow asked the model Q2
+        assert cache.verifier.threshold > 0.8  # 1 wrong of 1 is over a 2 % budget
+        assert _ask(client, Q2) == "miss"  # that entry no longer serves this question
+        # that would-be hit was checked too, against the answer the model just gave
+        _wait(lambda: cache.verifier.verdicts == 2)
+        assert book.calls == 3
+        metrics = client.get("/metrics").text
+        assert 'redline_cache_wrong_hits_total{hit="served"} 1.0' in metrics
+        assert 'redline_cache_wrong_hits_total{hit="unserved"} 1.0' in metrics
+        assert 'redline_cache_verified_hits_total{hit="served"} 1.0' in metrics
+        assert "redline_cache_semantic_hits_total 1.0" in metrics
+        assert "redline_cache_semantic_threshold 0.84" in metrics
+        assert 'redline_cache_wrong_hit_rate{value="upper"} 1.0' in metrics
+        budget = client.get("/v1/admin/stats").json()["cache_budget"]  # the dashboard's
+        assert budget["checks"] == 2 and budget["threshold"] == 0.84 and budget["budget"] == 0.02
+        assert budget["semantic_on"] is True and budget["upper"] == 1.0
+
+
+def test_a_right_hit_stays_served(tmp_path: Path) -> None:
+    same = "It left the depot on Monday."
+    book = Book({Q1: same, Q2: same})
+    with _client(tmp_path, book) as client:
+        _ready(client)
+        cache = client.app.state.pipeline.cache  # type: ignore[attr-defined]
+        _ask(client, Q1)
+        _wait(lambda: not cache._tasks)
+        assert _ask(client, Q2) == "semantic"
+        _wait(lambda: cache.verifier.verdicts == 1)
+        assert cache.verifier.threshold == 0.8
+        assert _ask(client, Q2) == "semantic"
+        _wait(lambda: cache.verifier.verdicts == 2)
+        assert cache.verifier.threshold == 0.8
+        metrics = client.get("/metrics").text
+        assert 'redline_cache_wrong_hits_total{hit="served"} 0.0' in metrics
+        assert 'redline_cache_verified_hits_total{hit="served"} 2.0' in metrics
+        assert "redline_cache_semantic_hits_total 2.0" in metrics
+
+
+def test_semantic_off_no_checks(tmp_path: Path) -> None:
+    book = Book({Q1: "It left the depot on Monday.", Q2: "It was delivered on Friday."})
+    with _client(tmp_path, book, shadow_sample=0.0) as client:
+        _ready(client)
+        cache = client.app.state.pipeline.cache  # type: ignore[attr-defined]
+        _ask(client, Q1)
+        _wait(lambda: not cache._tasks)
+        assert _ask(client, Q2) == "semantic"
+        time.sleep(0.2)
+        assert cache.verifier.verdicts == 0 and book.calls == 1  # nothing sampled, no shadow
+
+
+def test_the_sample_is_every_nth_hit() -> None:
+    from redline.cache.verify import Verifier
+    from redline.config import CacheConfig
+    from redline.store.memory import MemoryStore
+
+    v = Verifier(CacheConfig(shadow_sample=0.25), MemoryStore(), ShadowGenerator({}))
+    picked = []
+    for i in range(12):
+        req = _req(f"q{i}")
+        v.note(req, "fake", "e", 0.9, "a", served=True)
+        picked.append(req.id in v._pending)
+    assert picked == [False, False, False, True] * 3
+    none = Verifier(CacheConfig(shadow_sample=0.0), MemoryStore(), ShadowGenerator({}))
+    none.note(_req("q"), "fake", "e", 0.9, "a", served=False)
+    assert not none._pending
