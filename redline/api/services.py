@@ -17,6 +17,7 @@ from pathlib import Path
 
 from redline.api import jobs_routes
 from redline.api.limits import JobGate, TenantLimiter
+from redline.api.responses_background import Background
 from redline.backends.base import Backend
 from redline.cache import ResponseCache
 from redline.config import ModelConfig, RedlineConfig
@@ -121,8 +122,11 @@ def build(config: RedlineConfig, backends: Mapping[str, Backend] | None = None,
         *observers,
     ]
     pipeline = Pipeline(router, metrics, cache, experiments, told)
+    gate = JobGate(limiter)
+    background = Background(pipeline, streams, store, config.responses.ttl_s, gate)
     jobs = JobService(config.jobs, Path(config.server.data_dir), config.store.url,
-                      pipeline, metrics.jobs, jobs_routes.decode_body, JobGate(limiter))
+                      pipeline, metrics.jobs, jobs_routes.decode_body, gate,
+                      respond=background.run)  # background responses (/v1/responses)
     return Services(config, metrics, store, pipeline, streams, limiter, longtail, live, jobs)
 
 
