@@ -142,3 +142,18 @@ def test_a_chain_cannot_continue_a_running_background_response(env: Env) -> None
     with pytest.raises(openai.BadRequestError):  # its end would write it again
         a.responses.delete(r.id)
     assert a.responses.cancel(r.id).status == "cancelled"
+
+
+def test_a_job_that_ended_without_writing_its_end_reads_as_failed() -> None:
+    from redline.api.responses_background import view
+    from redline.jobs.model import Job
+
+    queued = {"id": "resp_x", "status": "queued", "error": None, "usage": None}
+    job = Job(id="resp_x", kind="response", spec={"response": queued})
+    assert view(job, None) == queued  # known from the job alone (a memory store restarted)
+    job.status = "running"
+    assert view(job, queued)["status"] == "in_progress"  # type: ignore[index]
+    job.status, job.error = "failed", {"code": "max_attempts", "message": "tried 3 times"}
+    failed = view(job, {**queued, "status": "in_progress"})
+    assert failed is not None and failed["status"] == "failed"  # never in_progress forever
+    assert failed["error"] == {"code": "server_error", "message": "tried 3 times"}
