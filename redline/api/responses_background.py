@@ -18,6 +18,7 @@ from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
 from redline.api import responses_request as rq
+from redline.api import responses_truncation as truncation
 from redline.api.responses_output import DONE, Output
 from redline.api.responses_run import FINAL, Run
 from redline.errors import NotFound, Overloaded, RedlineError
@@ -86,7 +87,9 @@ class Background:
         try:
             if self.gate is not None:  # counts against its tenant's limits, as jobs do
                 await self.gate.enter(job.tenant, gen)
-            completion = await self.pipeline.complete(gen)
+            completion = await truncation.complete(
+                self.pipeline, gen, body.truncation, context + items,
+                lambda chain: rq.generation(body, chain, s["tier"], job.tenant, s["no_cache"]))
         except Overloaded:
             raise  # the worker queues it again, no attempt spent
         except RedlineError as exc:  # it cannot run: it failed, with the reason

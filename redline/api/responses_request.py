@@ -77,9 +77,6 @@ def parse(raw: bytes) -> ResponsesRequest:
         if unknown:
             raise InvalidRequest(f"Unknown parameter: 'notify.{unknown[0]}'.",
                                  param=f"notify.{unknown[0]}")
-    if body.truncation == "auto":
-        raise InvalidRequest("truncation 'auto' is not served yet; use 'disabled'.",
-                             param="truncation")
     if isinstance(body.input, list) and not body.input:
         raise InvalidRequest("input is empty.", param="input")
     if body.previous_response_id == "":

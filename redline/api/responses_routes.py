@@ -24,6 +24,7 @@ from fastapi.responses import Response, StreamingResponse
 from redline.api import capabilities, sse
 from redline.api import responses_background as bg
 from redline.api import responses_request as rq
+from redline.api import responses_truncation as truncation
 from redline.api.responses_output import response_json
 from redline.api.responses_run import Run
 from redline.api.tenant import tenant_of
@@ -93,7 +94,9 @@ async def create(request: Request) -> Response:
         return await _background(request, body, gen.id.replace("req-", "resp_"), tenant,
                                  bg.spec({}, body, items, context, tier, no_cache), records)
     pipeline: Pipeline = request.app.state.pipeline
-    completion = await pipeline.complete(gen)
+    completion = await truncation.complete(
+        pipeline, gen, body.truncation, context + items,
+        lambda chain: rq.generation(body, chain, tier, tenant, no_cache))
     response_id = gen.id.replace("req-", "resp_")
     headers = {"X-Request-Id": response_id, "X-Redline-Model": completion.model,
                "X-Redline-Tier": completion.tier, "X-Redline-Cache": completion.cache}
