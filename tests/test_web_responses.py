@@ -98,3 +98,16 @@ def test_a_dropped_responses_stream_resumes_by_starting_after(page: Any) -> None
     text = "".join(json.loads(line[6:])["delta"] for line in replay.text.splitlines()
                    if line.startswith("data: {") and '"response.output_text.delta"' in line)
     assert text == " ".join(["tok"] * 200) and run["text"] == text  # no gap, no duplicate
+
+
+def test_chat_mode_still_streams_the_whole_history(page: Any) -> None:
+    page, _, _, up = page
+    page.select_option("#mode", "chat")
+    for turn, n in enumerate((3, 2)):
+        i = ask(page, f"turn {turn}", n)
+        page.wait_for_function(DONE.format(i=i), timeout=60_000)
+        run = run_of(page, i)
+        assert run["error"] is None and run["text"] == " ".join(["tok"] * n)
+        assert run["streamId"] and "responseId" not in run
+    sent = httpx.get(f"{up}/last", timeout=30).json()["messages"]
+    assert [m["role"] for m in sent] == ["user", "assistant", "user"]  # resent whole
