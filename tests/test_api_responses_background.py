@@ -59,6 +59,7 @@ def test_a_background_response_is_queued_then_completed(env: Env) -> None:
     r = a.responses.create(model="remote", input="hi", max_output_tokens=5, background=True,
                            instructions="Be brief.")
     assert r.status in ("queued", "in_progress") and r.background and r.output == []
+    assert r.usage is None  # none yet
     done = _wait(a, r.id)
     assert done.status == "incomplete"  # 5 tokens: its max_output_tokens
     assert done.output_text == " ".join(["tok"] * 5) and done.usage.output_tokens == 5
