@@ -172,7 +172,9 @@ def test_store_false_keeps_nothing(gateway: Gateway) -> None:
     ({"text": {"format": {"type": "yaml"}}}, "text.format.type"),
     ({"text": {"verbosity": "low"}}, "text.verbosity"),
     ({"max_output_tokens": 0}, "max_output_tokens"),
-    ({"background": True}, "background"),
+    ({"background": True, "store": False}, "background"),
+    ({"notify": {"webhook": "https://example.com/hook"}}, "notify"),
+    ({"background": True, "notify": {"sms": "+1"}}, "notify.sms"),
     ({"input": []}, "input"),
     ({"model": "local", "text": {"format": {"type": "json_schema", "name": "x",
                                             "schema": {"type": "object"}}}}, "text.format"),
@@ -202,6 +204,8 @@ def test_a_chain_past_the_context_is_a_400_with_truncation_disabled(gateway: Gat
         client.responses.create(model="local", input="word " * 1500, max_output_tokens=2,
                                 previous_response_id=first.id, truncation="disabled")
     assert err.value.code == "context_length_exceeded"
-    with pytest.raises(openai.BadRequestError) as err:  # not served yet: refused, not ignored
-        client.responses.create(model="local", input="x", truncation="auto")
-    assert err.value.param == "truncation"
+    fitted = client.responses.create(model="local", input="word " * 1500, max_output_tokens=2,
+                                     previous_response_id=first.id, truncation="auto")
+    assert fitted.status == "incomplete" and fitted.truncation == "auto"
+    assert fitted.usage is not None  # the first input went; its 2-word answer stayed
+    assert fitted.usage.input_tokens == 2 + 1500

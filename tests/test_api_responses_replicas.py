@@ -119,3 +119,29 @@ def test_a_streaming_response_is_in_progress_on_every_replica(
         events = list(client.responses.retrieve(rid, stream=True, starting_after=1))
         assert events[-1].type == "response.incomplete"
         assert client.responses.retrieve(rid).status == "incomplete"
+
+
+def test_a_background_response_started_on_one_is_resumed_on_the_other(
+        replicas: tuple[str, str, str]) -> None:
+    a, b, _ = replicas
+    with _client(a) as client:
+        r = client.responses.create(model="remote", input="hi", max_output_tokens=150,
+                                    background=True)
+    auth = {"Authorization": "Bearer key-a"}
+    with httpx.stream("GET", f"{b}/v1/responses/{r.id}", params={"stream": "true"},
+                      headers=auth, timeout=60) as s:  # 150 x 10 ms: still running
+        head = b""
+        for raw in s.iter_raw():
+            head += raw
+            if head.count(b"\n\n") >= 8:
+                break
+    head = head[:[m.end() for m in re.finditer(b"\n\n", head)][7]]
+    rest = httpx.get(f"{b}/v1/responses/{r.id}", params={"stream": "true", "starting_after": 7},
+                     headers=auth, timeout=60)
+    whole = httpx.get(f"{a}/v1/responses/{r.id}", params={"stream": "true"},
+                      headers=auth, timeout=60)
+    assert head + rest.content == whole.content  # byte for byte, across the replicas
+    last = json.loads(whole.content.split(b"\n\n")[-3].split(b"data: ", 1)[1])
+    assert last["response"]["output_text"] == " ".join(["tok"] * 150)
+    with _client(b) as client:
+        assert client.responses.retrieve(r.id).status == "incomplete"

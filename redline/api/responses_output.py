@@ -49,7 +49,7 @@ def response_json(body: ResponsesRequest, response_id: str, created_at: int, mod
         "text": {"format": fmt}, "tool_choice": body.tool_choice or "auto",
         "tools": body.tools or [], "top_p": 1.0 if body.top_p is None else body.top_p,
         "truncation": body.truncation or "disabled",
-        "usage": None if status == "in_progress" else usage_json(usage),
+        "usage": None if status in ("queued", "in_progress") else usage_json(usage),
         "user": body.user, "metadata": body.metadata or {},
     }
 

@@ -55,6 +55,7 @@ class ResponsesRequest(BaseModel):
     # redline's extensions, as on chat completions
     tier: Literal["S", "A", "B", "auto"] | None = None
     cache: bool | None = None
+    notify: dict[str, str] | None = None  # a background response's webhook / e-mail
 
 
 def parse(raw: bytes) -> ResponsesRequest:
@@ -66,12 +67,16 @@ def parse(raw: bytes) -> ResponsesRequest:
         message = (f"Unknown parameter: '{where}'." if errors and errors[0]["type"] == "extra_forbidden"
                    else f"{where}: {errors[0]['msg'] if errors else 'invalid body'}")
         raise InvalidRequest(message, param=where or None) from exc
-    if body.background:  # not served yet: refused rather than run in the foreground
-        raise InvalidRequest("background responses are not served by this server yet.",
-                             param="background")
-    if body.truncation == "auto":
-        raise InvalidRequest("truncation 'auto' is not served yet; use 'disabled'.",
-                             param="truncation")
+    if body.background and not body.store:  # as OpenAI: it is polled, so it is kept
+        raise InvalidRequest("Background responses need store=true.", param="background")
+    if body.notify is not None:
+        if not body.background:
+            raise InvalidRequest("notify is for background responses (background: true).",
+                                 param="notify")
+        unknown = sorted(set(body.notify) - {"webhook", "email"})
+        if unknown:
+            raise InvalidRequest(f"Unknown parameter: 'notify.{unknown[0]}'.",
+                                 param=f"notify.{unknown[0]}")
     if isinstance(body.input, list) and not body.input:
         raise InvalidRequest("input is empty.", param="input")
     if body.previous_response_id == "":

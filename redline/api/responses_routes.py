@@ -8,13 +8,13 @@ assembled into output items (api/responses_output.py). State lives in the one st
 (redline/responses/): a stored response is written before its answer returns (before
 `response.completed` when streamed), so a follow-up by `previous_response_id` works on
 any replica sharing the store. A streamed, stored response runs through the stream
-manager under its own id, so it can be resumed from its journal, from any replica."""
+manager under its own id, so it can be resumed from its journal, from any replica.
+A background response runs as a durable job (api/responses_background.py)."""
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-from collections.abc import AsyncGenerator
+import time
 from typing import Any
 
 import orjson
@@ -22,23 +22,23 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response, StreamingResponse
 
 from redline.api import capabilities, sse
+from redline.api import responses_background as bg
 from redline.api import responses_request as rq
-from redline.api.responses_output import DONE, Output, outcome, response_json
+from redline.api import responses_truncation as truncation
+from redline.api.responses_output import response_json
+from redline.api.responses_run import Run
 from redline.api.services import services_of
 from redline.api.tenant import tenant_of
 from redline.errors import InvalidRequest, NotFound
-from redline.pipeline import Completion
 from redline.responses import ResponseRecord, ResponseRecords
-from redline.streams import Progress
-from redline.types import FinishReason
 
 router = APIRouter()
 
 # chat's field names in capability errors, as the Responses API names them
 _PARAMS = {"messages": "input", "response_format": "text.format"}
 
-_FINAL = {"completed": "response.completed", "incomplete": "response.incomplete",
-          "failed": "response.failed", "cancelled": "response.failed"}
+CANCEL_WAIT_S = 10.0  # a running background response's cancel: its worker sees it in ~1 s
+_SSE = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
 def _records(request: Request) -> ResponseRecords:
@@ -48,6 +48,18 @@ def _records(request: Request) -> ResponseRecords:
 
 def _not_found(response_id: str, param: str | None = None) -> NotFound:
     return NotFound(f"Response with id '{response_id}' not found.", param=param)
+
+
+async def _current(request: Request, response_id: str, tenant: str,
+                   records: ResponseRecords) -> dict[str, Any] | None:
+    """The Response as stored, or, for a background one, as its job knows it."""
+    record = await records.get(response_id, tenant)
+    response = None if record is None else record.response
+    if response is not None and not (response.get("background")
+                                     and response.get("status") in bg.OPEN):
+        return response
+    jobs = services_of(request.app).jobs
+    return bg.view(await jobs.get(response_id, tenant), response)
 
 
 @router.post("/v1/responses", response_model=None)
@@ -60,7 +72,7 @@ async def create(request: Request) -> Response:
         previous = await records.get(body.previous_response_id, tenant)
         if previous is None:
             raise _not_found(body.previous_response_id, "previous_response_id")
-        if previous.response.get("status") == "in_progress":
+        if previous.response.get("status") in bg.OPEN:
             raise InvalidRequest(f"Response '{previous.id}' is still in progress.",
                                  param="previous_response_id")
         context = previous.chain()
@@ -68,24 +80,32 @@ async def create(request: Request) -> Response:
     tier = request.headers.get("x-redline-tier") or body.tier
     if tier is not None and tier not in ("S", "A", "B", "auto"):
         raise InvalidRequest("X-Redline-Tier must be one of S, A, B, auto", param="tier")
-    gen = rq.generation(body, context + items, tier, tenant,
-                        "no-cache" in request.headers.get("cache-control", "").lower())
+    no_cache = "no-cache" in request.headers.get("cache-control", "").lower()
+    gen = rq.generation(body, context + items, tier, tenant, no_cache)
     services = services_of(request.app)
     try:
         capabilities.check(services.config, gen)
-        await services.gate.enter(request.scope, gen)  # per-key limits
-        completion = await services.pipeline.complete(gen)  # the router checks capabilities
+        if body.background:  # the router's capability check now: the job decides later
+            services.pipeline.router.check(gen)
+        else:
+            await services.gate.enter(request.scope, gen)  # per-key limits
+            completion = await truncation.complete(  # the router checks capabilities
+                services.pipeline, gen, body.truncation, context + items,
+                lambda chain: rq.generation(body, chain, tier, tenant, no_cache))
     except InvalidRequest as exc:  # named as this API names the field
         exc.param = _PARAMS.get(exc.param or "", exc.param)
         raise
+    if body.background:
+        return await _background(request, body, gen.id.replace("req-", "resp_"), tenant,
+                                 bg.spec({}, body, items, context, tier, no_cache), records)
     response_id = gen.id.replace("req-", "resp_")
     headers = {"X-Request-Id": response_id, "X-Redline-Model": completion.model,
                "X-Redline-Tier": completion.tier, "X-Redline-Cache": completion.cache}
-    run = _Run(body, response_id, completion, records, items, context)
+    run = Run(body, response_id, completion, records, items, context)
     if body.stream:
         streams = services_of(request.app).streams
         events = run.events(streams.progress(gen, completion.model, completion.tier))
-        headers |= {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+        headers |= _SSE
         if not body.store:  # kept nowhere, not even in a journal: not resumable
             return StreamingResponse(events, media_type="text/event-stream", headers=headers)
         # the events up to the first output delta are taken here, as chat's first token
@@ -109,84 +129,22 @@ async def create(request: Request) -> Response:
     return Response(orjson.dumps(answer), media_type="application/json", headers=headers)
 
 
-class _Run:
-    """One response being produced: its output, how it ended, and its record."""
-
-    def __init__(self, body: rq.ResponsesRequest, response_id: str, completion: Completion,
-                 records: ResponseRecords, items: list[dict[str, Any]],
-                 context: list[dict[str, Any]]) -> None:
-        self.body, self.id, self.completion = body, response_id, completion
-        self.records, self.items, self.context = records, items, context
-        self.output = Output()
-        self.finish_reason: FinishReason | None = None
-        self.error: str | None = None
-        self.primed = False  # the events of the first output delta have been yielded
-        self._in_progress: asyncio.Task[None] | None = None
-
-    def note(self, finish: FinishReason | None, error: str | None) -> None:
-        if finish is not None:
-            self.finish_reason, self.error = finish, error
-
-    def snapshot(self, status: str) -> dict[str, Any]:
-        return response_json(self.body, self.id, self.output.created_at, self.completion.model,
-                             status, [])
-
-    async def finish(self) -> dict[str, Any]:
-        """The whole Response, stored (when asked) before anyone sees it."""
-        status, error, incomplete = outcome(self.finish_reason or "stop", self.error)
-        answer = response_json(self.body, self.id, self.output.created_at,
-                               self.completion.model, status, self.output.items,
-                               self.completion.usage, error, incomplete)
-        if self.body.store:
-            if self._in_progress is not None:  # never written over the final record
-                await asyncio.gather(self._in_progress, return_exceptions=True)
-            await self.records.put(ResponseRecord(self.completion.request.tenant, answer,
-                                                  self.items, self.context))
-        return answer
-
-    async def events(self, progress: Progress | None) -> AsyncGenerator[bytes, None]:
-        out, c = self.output, self.completion
-        yield out.event("response.created", {"response": self.snapshot("in_progress")})
-        if self.body.store:  # retrievable (in_progress) on any replica while it streams;
-            # written aside, off the first token's way (finish() waits for it)
-            self._in_progress = asyncio.create_task(self.records.put(ResponseRecord(
-                c.request.tenant, self.snapshot("in_progress"), self.items, self.context)))
-            # a failure is seen by finish(); abandoned before it, nobody else needs it
-            self._in_progress.add_done_callback(lambda t: t.cancelled() or t.exception())
-        yield out.event("response.in_progress", {"response": self.snapshot("in_progress")})
-        try:
-            async for chunk in c.chunks:
-                if chunk.finish_reason == "error":
-                    self.note("error", chunk.error)
-                    break
-                at = None if progress is None else {"progress": progress.advance(chunk.tokens)}
-                step = out.add(chunk, at)
-                for i, event in enumerate(step):
-                    self.primed = self.primed or i == len(step) - 1
-                    yield event
-                self.note(chunk.finish_reason, None)
-        except Exception as exc:  # after the stream began: it ends as response.failed
-            self.note("error", f"generation failed: {type(exc).__name__}")
-        finally:
-            close = getattr(c.chunks, "aclose", None)
-            if close is not None:
-                with contextlib.suppress(RuntimeError):
-                    await close()
-        for event in out.close():
-            yield event
-        try:
-            answer = await self.finish()
-        except Exception as exc:  # the store failed: the client must not count on the id
-            yield out.event("error", {"code": "store_unavailable", "param": None,
-                                      "message": f"the response could not be stored: {exc}"})
-            yield DONE
-            return
-        redline: dict[str, Any] = {"timings": {k: round(v * 1000, 2)
-                                               for k, v in c.timings.seconds.items()}}
-        if progress is not None:
-            redline["progress"] = progress.finish()
-        yield out.event(_FINAL[answer["status"]], {"response": answer, "redline": redline})
-        yield DONE
+async def _background(request: Request, body: rq.ResponsesRequest, response_id: str,
+                      tenant: str, job_spec: dict[str, Any],
+                      records: ResponseRecords) -> Response:
+    """Accept a background response: stored as `queued`, then a durable job; the answer
+    is the queued Response, or (stream: true) its events as a worker produces them."""
+    snapshot = response_json(body, response_id, int(time.time()), body.model, "queued", [])
+    job_spec["response"] = snapshot
+    await records.put(ResponseRecord(tenant, snapshot, job_spec["items"], job_spec["context"]))
+    jobs = services_of(request.app).jobs
+    await jobs.submit_response(response_id, tenant, job_spec, body.notify)
+    headers = {"X-Request-Id": response_id}
+    if body.stream:
+        streams = services_of(request.app).streams
+        return sse.EventStream(bg.follow(streams, jobs, records, response_id, tenant, 0),
+                               headers=headers | _SSE)
+    return Response(orjson.dumps(snapshot), media_type="application/json", headers=headers)
 
 
 @router.get("/v1/responses/{response_id}", response_model=None)
@@ -202,13 +160,19 @@ async def retrieve(response_id: str, request: Request) -> Response:
         try:  # sequence numbers count from 0: events after N are those past the N+1 first
             events = await streams.open(response_id, int(after) + 1, tenant=tenant)
         except NotFound:
-            raise _not_found(response_id) from None
-        return sse.EventStream(events, headers={"Cache-Control": "no-cache",
-                                                "X-Accel-Buffering": "no"})
-    record = await _records(request).get(response_id, tenant)
-    if record is None:
+            records = _records(request)
+            record = await records.get(response_id, tenant)
+            jobs = services_of(request.app).jobs
+            if (record is None or not record.response.get("background")) and \
+                    await jobs.get(response_id, tenant) is None:
+                raise _not_found(response_id) from None
+            # a background response not begun yet (queued) or whose journal is gone
+            events = bg.follow(streams, jobs, records, response_id, tenant, int(after) + 1)
+        return sse.EventStream(events, headers=_SSE)
+    response = await _current(request, response_id, tenant, _records(request))
+    if response is None:
         raise _not_found(response_id)
-    return Response(orjson.dumps(record.response), media_type="application/json")
+    return Response(orjson.dumps(response), media_type="application/json")
 
 
 @router.delete("/v1/responses/{response_id}", response_model=None)
@@ -217,7 +181,7 @@ async def delete(response_id: str, request: Request) -> dict[str, Any]:
     record = await records.get(response_id, tenant)
     if record is None:
         raise _not_found(response_id)
-    if record.response.get("status") == "in_progress":  # its end would write it again
+    if record.response.get("status") in bg.OPEN:  # its end would write it again
         raise InvalidRequest(f"Response '{response_id}' is still in progress.",
                              param="response_id")
     await records.delete(response_id, tenant)
@@ -228,10 +192,42 @@ async def delete(response_id: str, request: Request) -> dict[str, Any]:
 
 @router.post("/v1/responses/{response_id}/cancel", response_model=None)
 async def cancel(response_id: str, request: Request) -> Response:
-    if await _records(request).get(response_id, tenant_of(request)) is None:
+    """Cancel a background response (queued: at once; running: its worker stops it and
+    stores it as `cancelled`). Cancelling a cancelled one again returns it (OpenAI:
+    idempotent); a finished or a foreground one is a 400."""
+    tenant, records = tenant_of(request), _records(request)
+    jobs = services_of(request.app).jobs
+    job = await jobs.get(response_id, tenant)
+    response = bg.view(job, None if (r := await records.get(response_id, tenant)) is None
+                       else r.response)
+    if response is None:
         raise _not_found(response_id)
-    # background responses are not served yet, so none of them can be cancelled
-    raise InvalidRequest("Only background responses can be cancelled.", param="response_id")
+    if job is None or job.kind != "response":
+        raise InvalidRequest("Only responses created with background=true can be cancelled.",
+                             param="response_id")
+    if response["status"] == "cancelled":
+        return _json(response)
+    if response["status"] not in bg.OPEN:
+        raise InvalidRequest(f"Cannot cancel a response with status '{response['status']}'.",
+                             param="response_id")
+    job = await jobs.cancel(response_id, tenant)
+    if job is not None and job.status == "cancelled" and job.result is None:
+        # cancelled while queued: no worker will write its end
+        response = bg.view(job, response) or response
+        if r is not None:
+            await records.put(ResponseRecord(tenant, response, r.input, r.context))
+        return _json(response)
+    deadline = time.monotonic() + CANCEL_WAIT_S
+    while time.monotonic() < deadline:  # the worker sees the flag on its next heartbeat
+        job = await jobs.get(response_id, tenant)
+        if job is None or job.final:
+            break
+        await asyncio.sleep(0.05)
+    return _json(await _current(request, response_id, tenant, records) or response)
+
+
+def _json(response: dict[str, Any]) -> Response:
+    return Response(orjson.dumps(response), media_type="application/json")
 
 
 @router.get("/v1/responses/{response_id}/input_items", response_model=None)

@@ -22,6 +22,7 @@ from redline.api.auth import ManagedKeys
 from redline.api.gate import GenerationGate, JobGate
 from redline.api.job_body import decode_body
 from redline.api.limits import TenantLimiter
+from redline.api.responses_background import Background
 from redline.backends.base import Backend
 from redline.cache import ResponseCache
 from redline.config import ModelConfig, RedlineConfig
@@ -148,8 +149,11 @@ def build(config: RedlineConfig, backends: Mapping[str, Backend] | None = None,
         *observers,
     ]
     pipeline = Pipeline(router, metrics, cache, experiments, told)
+    job_gate = JobGate(limiter)
+    background = Background(pipeline, streams, store, config.responses.ttl_s, job_gate)
     jobs = JobService(config.jobs, Path(config.server.data_dir), config.store.url,
-                      pipeline, metrics.jobs, decode_body, JobGate(limiter))
+                      pipeline, metrics.jobs, decode_body, job_gate,
+                      respond=background.run)  # background responses (/v1/responses)
     keys = ManagedKeys(KeyStore(store), config.auth.key_cache_s)
     return Services(config, metrics, store, pipeline, streams, limiter, longtail, live, jobs,
                     experiments, keys, usage, gate)

@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 Status = Literal["queued", "running", "succeeded", "failed", "cancelled"]
-Kind = Literal["completion", "batch"]
+Kind = Literal["completion", "batch", "response"]  # response: a background /v1/responses
 OPEN: tuple[Status, ...] = ("queued", "running")
 FINAL: tuple[Status, ...] = ("succeeded", "failed", "cancelled")
 STATUSES: tuple[Status, ...] = OPEN + FINAL

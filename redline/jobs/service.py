@@ -34,7 +34,7 @@ from redline.jobs.records import open_records, shared_secret
 from redline.jobs.runner import Gate, run_request
 from redline.jobs.schedule import Scheduler
 from redline.jobs.spec import JobSpec
-from redline.jobs.worker import Outcome, Worker
+from redline.jobs.worker import Outcome, Run, Worker
 from redline.pipeline import Pipeline
 from redline.store.base import StoreUnavailable
 from redline.types import new_id
@@ -50,9 +50,11 @@ def describe(job: Job) -> dict[str, Any]:
 
 class JobService:
     def __init__(self, cfg: JobsConfig, data_dir: Path, store_url: str | None,
-                 pipeline: Pipeline, gauge: Any, decode: Decode, gate: Gate | None = None) -> None:
+                 pipeline: Pipeline, gauge: Any, decode: Decode, gate: Gate | None = None,
+                 respond: Run | None = None) -> None:
         """`gauge`: the `redline_jobs{status}` gauge (Metrics.jobs); `gate`: the tenants'
-        rate limits, which every job and batch line counts against as it runs."""
+        rate limits, which every job and batch line counts against as it runs; `respond`:
+        runs a background response of the Responses API (a job of kind "response")."""
         data_dir.mkdir(parents=True, exist_ok=True)
         self.cfg, self.pipeline, self.decode = cfg, pipeline, decode
         self.records = open_records(store_url, str(data_dir / "jobs.db"), cfg.durable,
@@ -63,6 +65,7 @@ class JobService:
         self.files = FileStore(self.records)
         self.notifier = Notifier(cfg, self.book, describe)
         self.gate = gate
+        self.respond = respond
         self.batches = BatchRunner(pipeline, self.files, self.records, decode,
                                    cfg.batch_concurrency, gate)
         self.worker = Worker(cfg, self.book, self.queue, self.notifier, self._run,
@@ -141,6 +144,18 @@ class JobService:
             raise InvalidRequest("This Idempotency-Key was used for a different request.",
                                  code="idempotency_key_reused")
         return first
+
+    async def submit_response(self, response_id: str, tenant: str, spec: dict[str, Any],
+                              notify: dict[str, str] | None = None) -> Job:
+        """Accept a background response (its job has the response's id): durable once
+        this returns, run once by `respond` on whichever worker claims it."""
+        if self.respond is None:
+            raise InvalidRequest("background responses are not served by this server.",
+                                 param="background")
+        notify = {k: v for k, v in (notify or {}).items() if v}
+        await self.notifier.check(notify)
+        return await self._accepted(Job(id=response_id, kind="response", spec=spec,
+                                         notify=notify, tenant=tenant))
 
     async def _submit_scheduled(self, job_id: str, spec: JobSpec) -> bool:
         job = Job(id=job_id, kind="completion", spec=spec.to_dict(), tenant=spec.tenant)
@@ -235,6 +250,8 @@ class JobService:
         if job.kind == "batch":
             status, meta = await self.batches.run(job, ctx)
             return Outcome(status, meta=meta)  # type: ignore[arg-type]
+        if job.kind == "response" and self.respond is not None:
+            return await self.respond(job, ctx)
         result = await run_request(self.pipeline, JobSpec.from_dict(job.spec), self.gate)
         return Outcome("succeeded", result=result)
 

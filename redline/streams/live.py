@@ -23,6 +23,7 @@ class LiveStream:
         self._waiters: list[asyncio.Future[None]] = []  # readers waiting for more
         self.producer: asyncio.Task[None] | None = None
         self.grace: asyncio.Task[None] | None = None
+        self.detached = False  # a background run: goes on with no reader (never abandoned)
         # the journal's side (streams/manager.py writes it): events written so far, the
         # meta written, and True/False once the whole stream is journalled or failed
         self.journaled = 0

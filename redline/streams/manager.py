@@ -87,11 +87,14 @@ class StreamManager:
 
     # ---- producing ------------------------------------------------------------
     def start(self, stream_id: str, events: AsyncIterator[bytes],
-              tenant: str = "anonymous", first: list[bytes] | None = None) -> LiveStream:
+              tenant: str = "anonymous", first: list[bytes] | None = None,
+              detached: bool = False) -> LiveStream:
         """Run `events` (the encoded SSE events of one completion) to the end, or until
         abandoned. Returns at once; read it with `follow`. `first`: events the caller
-        already took from `events` (they are the stream's first ones)."""
+        already took from `events` (they are the stream's first ones). `detached`: it
+        runs to its end whoever reads it (a background response), never abandoned."""
         live = LiveStream(stream_id, tenant)
+        live.detached = detached
         for event in first or ():
             live.push(event)
         self.live[stream_id] = live
@@ -236,6 +239,8 @@ class StreamManager:
                 self._abandon(live)
 
     def _abandon(self, live: LiveStream) -> None:
+        if live.detached:
+            return
         if self.cfg.resume_grace_s <= 0:
             if live.producer is not None:
                 live.producer.cancel()

@@ -1,5 +1,8 @@
 // The chat playground: skeleton at once, progress bar and countdown from
 // redline.progress, stage timings at the end, automatic resume after a dropped connection.
+// Two modes: chat (the whole history through /v1/chat/completions) and Responses
+// (/v1/responses: each turn continues the last by previous_response_id; the server
+// keeps the conversation; a dropped stream resumes by starting_after).
 import { authHeaders, parseServerTiming, readEvents, seqOf } from "/static/sse.js";
 
 const $ = (id) => document.getElementById(id);
@@ -10,6 +13,7 @@ const MAX_RESUME_TRIES = 8;
 // what the page measured, per answer (read by tests and benchmarks)
 window.redline = { runs: [] };
 const history = [];
+let previousResponseId = null;  // Responses mode: the last answer, which the next turn continues
 
 function el(tag, cls, text) {
   const node = document.createElement(tag);
@@ -94,6 +98,20 @@ async function send(prompt) {
   answer.node.scrollIntoView({ block: "end" });
   afterPaint().then(() => { run.skeletonMs = performance.now() - t0; });
 
+  if ($("mode").value === "responses") {
+    try {
+      await respond(prompt, answer, run, t0, maxTokens);
+      run.doneMs = performance.now() - t0;
+      finish(answer, run);
+      history.push({ role: "assistant", content: run.text });
+    } catch (err) {
+      run.error = String(err.message || err);
+      answer.stop("error");
+      answer.text.append(el("div", "error", run.error));
+      history.pop();
+    }
+    return;
+  }
   const body = { model: $("model").value, messages: history.slice(), stream: true,
     max_tokens: maxTokens, stream_options: { include_usage: true } };
   if ($("tier").value !== "auto") body.tier = $("tier").value;
@@ -152,6 +170,75 @@ async function send(prompt) {
   }
 }
 
+// Responses mode: one turn through POST /v1/responses (stream), chained to the last
+// answer by previous_response_id; a dropped connection resumes by
+// GET /v1/responses/{id}?stream=true&starting_after=<last sequence_number>.
+async function respond(prompt, answer, run, t0, maxTokens) {
+  const body = { model: $("model").value, input: prompt, stream: true,
+    max_output_tokens: maxTokens };
+  if (previousResponseId) body.previous_response_id = previousResponseId;
+  run.previousResponseId = previousResponseId;
+  if ($("tier").value !== "auto") body.tier = $("tier").value;
+  if (!$("use-cache").checked) body.cache = false;
+  let response = await fetch("/v1/responses", {
+    method: "POST", headers: { "Content-Type": "application/json", ...authHeaders() },
+    body: JSON.stringify(body) });
+  if (!response.ok) throw new Error(await errorText(response));
+  run.responseId = response.headers.get("X-Request-Id");
+  showHeaders(answer, response, run);
+  let last = -1;  // the last sequence_number shown
+  let done = false;
+  let tries = 0;
+  for (;;) {
+    try {
+      for await (const event of readEvents(response)) {
+        if (event.data === "[DONE]") { done = true; break; }
+        const data = JSON.parse(event.data);
+        if (data.sequence_number <= last) continue;  // already shown
+        last = data.sequence_number;
+        tries = 0;
+        onResponseEvent(data, answer, run, t0);
+      }
+    } catch (err) {
+      if (err instanceof ServerError) throw err;
+    }
+    if (done) break;
+    if (!run.responseId || tries >= MAX_RESUME_TRIES) throw new Error("the connection dropped");
+    tries += 1;
+    answer.node.dataset.state = "resuming";
+    answer.countdown.textContent = "reconnecting…";
+    await sleep(Math.min(2000, 100 * 2 ** (tries - 1)));
+    try {
+      response = await fetch(`/v1/responses/${encodeURIComponent(run.responseId)}` +
+        `?stream=true&starting_after=${last}`, { headers: authHeaders() });
+    } catch (err) { continue; }
+    if (!response.ok) throw new Error(await errorText(response));
+    run.resumes += 1;
+    answer.node.dataset.resumes = run.resumes;
+    answer.node.dataset.state = "streaming";
+  }
+  previousResponseId = run.responseId;  // the next turn continues from this answer
+}
+
+function onResponseEvent(event, answer, run, t0) {
+  const progress = event.redline?.progress;
+  if (progress) {
+    run.progressEvents += 1;
+    answer.setProgress(progress.tokens, progress.expected_tokens, progress.eta_ms);
+  }
+  if (event.type === "response.created") run.responseId = event.response.id;
+  else if (event.type === "response.output_text.delta") addText(event.delta, progress, answer, run, t0);
+  else if (event.type === "response.failed" || event.type === "error") {
+    const error = event.response?.error || event;
+    throw new ServerError(error.message || `the response ${event.response?.status || "failed"}`);
+  } else if (event.type === "response.completed" || event.type === "response.incomplete") {
+    if (event.redline?.timings) run.timings = event.redline.timings;
+    const usage = event.response.usage;
+    if (usage) run.usage = { prompt_tokens: usage.input_tokens, completion_tokens: usage.output_tokens };
+    run.status = event.response.status;
+  }
+}
+
 class ServerError extends Error {}
 
 async function errorText(response) {
@@ -184,7 +271,11 @@ function handle(chunk, answer, run, t0) {
   }
   if (chunk.redline?.timings) run.timings = chunk.redline.timings;
   const choice = chunk.choices?.[0];
-  const piece = choice?.delta?.content;
+  addText(choice?.delta?.content, progress, answer, run, t0);
+  if (chunk.usage) run.usage = chunk.usage;
+}
+
+function addText(piece, progress, answer, run, t0) {
   if (piece) {
     if (run.firstTokenMs === null) {
       answer.skeleton.remove();
@@ -197,7 +288,6 @@ function handle(chunk, answer, run, t0) {
     answer.text.textContent = run.text;
     if (!progress) answer.setProgress(run.tokens, answer.maxTokens);  // no estimate: max_tokens
   }
-  if (chunk.usage) run.usage = chunk.usage;
 }
 
 function finish(answer, run) {
@@ -266,7 +356,11 @@ function init() {
   $("prompt").addEventListener("keydown", (event) => {
     if (event.key === "Enter" && !event.shiftKey) { event.preventDefault(); form.requestSubmit(); }
   });
-  $("clear").addEventListener("click", () => { history.length = 0; $("log").textContent = ""; });
+  $("clear").addEventListener("click", () => {
+    history.length = 0;
+    previousResponseId = null;
+    $("log").textContent = "";
+  });
 }
 
 init();

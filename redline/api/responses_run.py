@@ -1,0 +1,114 @@
+"""One response being produced: its output items as the chunks come, how it ended, its
+stream events and its stored record. The POST route runs it in the foreground; the
+jobs' worker runs a background one (api/responses_background.py), the same way."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncGenerator
+from typing import Any
+
+from redline.api import responses_request as rq
+from redline.api.responses_output import DONE, Output, outcome, response_json
+from redline.pipeline import Completion
+from redline.responses import ResponseRecord, ResponseRecords
+from redline.streams import Progress
+from redline.types import FinishReason
+
+FINAL = {"completed": "response.completed", "incomplete": "response.incomplete",
+         "failed": "response.failed", "cancelled": "response.failed"}
+
+
+class Run:
+    """One response being produced: its output, how it ended, and its record.
+    `created_at`: a background response keeps the time it was accepted; `first`: the
+    status its `response.created` event shows (a background one was `queued` then)."""
+
+    def __init__(self, body: rq.ResponsesRequest, response_id: str, completion: Completion,
+                 records: ResponseRecords, items: list[dict[str, Any]],
+                 context: list[dict[str, Any]], created_at: int | None = None,
+                 first: str = "in_progress") -> None:
+        self.body, self.id, self.completion = body, response_id, completion
+        self.records, self.items, self.context = records, items, context
+        self.output = Output()
+        if created_at is not None:
+            self.output.created_at = created_at
+        self.first = first
+        self.finish_reason: FinishReason | None = None
+        self.error: str | None = None
+        self.primed = False  # the events of the first output delta have been yielded
+        self.stopping = False  # a cancel of a background response: end it as cancelled
+        self.answer: dict[str, Any] | None = None  # the final Response, once stored
+        self._in_progress: asyncio.Task[None] | None = None
+
+    def note(self, finish: FinishReason | None, error: str | None) -> None:
+        if finish is not None:
+            self.finish_reason, self.error = finish, error
+
+    def snapshot(self, status: str) -> dict[str, Any]:
+        return response_json(self.body, self.id, self.output.created_at, self.completion.model,
+                             status, [])
+
+    async def finish(self) -> dict[str, Any]:
+        """The whole Response, stored (when asked) before anyone sees it."""
+        status, error, incomplete = outcome(self.finish_reason or "stop", self.error)
+        answer = response_json(self.body, self.id, self.output.created_at,
+                               self.completion.model, status, self.output.items,
+                               self.completion.usage, error, incomplete)
+        if self.body.store:
+            if self._in_progress is not None:  # never written over the final record
+                await asyncio.gather(self._in_progress, return_exceptions=True)
+            await self.records.put(ResponseRecord(self.completion.request.tenant, answer,
+                                                  self.items, self.context))
+        self.answer = answer
+        return answer
+
+    async def events(self, progress: Progress | None) -> AsyncGenerator[bytes, None]:
+        out, c = self.output, self.completion
+        yield out.event("response.created", {"response": self.snapshot(self.first)})
+        if self.body.store:  # retrievable (in_progress) on any replica while it streams;
+            # written aside, off the first token's way (finish() waits for it)
+            self._in_progress = asyncio.create_task(self.records.put(ResponseRecord(
+                c.request.tenant, self.snapshot("in_progress"), self.items, self.context)))
+            # a failure is seen by finish(); abandoned before it, nobody else needs it
+            self._in_progress.add_done_callback(lambda t: t.cancelled() or t.exception())
+        yield out.event("response.in_progress", {"response": self.snapshot("in_progress")})
+        try:
+            async for chunk in c.chunks:
+                if chunk.finish_reason == "error":
+                    self.note("error", chunk.error)
+                    break
+                at = None if progress is None else {"progress": progress.advance(chunk.tokens)}
+                step = out.add(chunk, at)
+                for i, event in enumerate(step):
+                    self.primed = self.primed or i == len(step) - 1
+                    yield event
+                self.note(chunk.finish_reason, None)
+        except asyncio.CancelledError:
+            if not self.stopping:  # abandoned or shutting down: no end to write
+                raise
+            # cancelled by its owner (POST .../cancel): it ends here, as `cancelled`
+            self.note("cancelled", None)
+        except Exception as exc:  # after the stream began: it ends as response.failed
+            self.note("error", f"generation failed: {type(exc).__name__}")
+        finally:
+            close = getattr(c.chunks, "aclose", None)
+            if close is not None:
+                with contextlib.suppress(RuntimeError):
+                    await close()
+        for event in out.close():
+            yield event
+        try:
+            answer = await self.finish()
+        except Exception as exc:  # the store failed: the client must not count on the id
+            yield out.event("error", {"code": "store_unavailable", "param": None,
+                                      "message": f"the response could not be stored: {exc}"})
+            yield DONE
+            return
+        redline: dict[str, Any] = {"timings": {k: round(v * 1000, 2)
+                                               for k, v in c.timings.seconds.items()}}
+        if progress is not None:
+            redline["progress"] = progress.finish()
+        yield out.event(FINAL[answer["status"]], {"response": answer, "redline": redline})
+        yield DONE
