@@ -71,9 +71,14 @@ def test_capabilities_are_checked_against_the_configured_model() -> None:
                         server={"max_n": 2})
     check(cfg, gen())
     check(cfg, gen(logprobs=True, top_logprobs=5))  # the embedded engine serves logprobs
+    # and JSON by grammar, several choices, penalties and logit_bias
+    check(cfg, gen(response_format={"type": "json_object"}, n=2, presence_penalty=0.5,
+                   frequency_penalty=-0.5, logit_bias={"42": -100}))
+    unenforceable = {"type": "json_schema", "json_schema": {"name": "x", "schema": {
+        "type": "object", "patternProperties": {"^a": {"type": "string"}}}}}
     cases = [({"tools": [TOOL]}, "tools"),
-             ({"response_format": {"type": "json_object"}}, "response_format"),
-             ({"n": 2}, "n"), ({"n": 3}, "n"), ({"presence_penalty": 0.5}, "presence_penalty"),
+             ({"response_format": unenforceable}, "response_format"),
+             ({"n": 3}, "n"),
              ({"reasoning_effort": "low"}, "reasoning_effort"),
              ({"messages": [{"role": "user", "content": [
                  {"type": "image_url", "image_url": {"url": "http://x/y.png"}}]}]}, "messages")]
