@@ -112,6 +112,13 @@ def _lowered(schema: Any, param: str, where: str) -> Any:
     kinds = kind if isinstance(kind, list) else [kind]
     if any(k is not None and k not in _TYPES for k in kinds):
         raise InvalidRequest(f"'{param}': unknown type {kind!r}{_at(where)}.", param=param)
+    _check_combination(out, param, where)
+    if isinstance(kind, list):  # the converter drops a list type's other keywords: one each
+        rest = {k: v for k, v in schema.items() if k not in ("type", "$defs", "definitions")}
+        defs = {k: out[k] for k in ("$defs", "definitions") if k in out}
+        alts = [_lowered({**_applying(rest, k), "type": k}, param, f"{where}/type/{k}")
+                for k in kind]
+        return _lowered(defs, param, where) | {"anyOf": alts}
     if "format" in out and out["format"] not in _FORMATS:
         raise InvalidRequest(f"'{param}': the embedded engine cannot enforce the string "
                              f"format `{out['format']}`{_at(where)}.", param=param)
@@ -135,6 +142,40 @@ def _lowered(schema: Any, param: str, where: str) -> Any:
     if isinstance(extra, dict):
         out["additionalProperties"] = _lowered(extra, param, f"{where}/additionalProperties")
     return out
+
+
+# keywords the converter honours only alone: with these beside them, it would silently drop
+# the others (say a maxLength beside a pattern), so such a schema is refused
+_DROPPED_BESIDE = {
+    "anyOf": {"properties", "items", "prefixItems", "enum", "const", "minLength", "maxLength",
+              "pattern", "format", "minItems", "maxItems", "oneOf", "$ref"},
+    "oneOf": {"properties", "items", "prefixItems", "enum", "const", "minLength", "maxLength",
+              "pattern", "format", "minItems", "maxItems", "$ref"},
+    "$ref": {"properties", "items", "prefixItems", "enum", "const", "minLength", "maxLength",
+             "pattern", "format", "minItems", "maxItems", "type", "required",
+             "additionalProperties"},
+    "pattern": {"minLength", "maxLength", "format"},
+    "format": {"minLength", "maxLength"},
+    "prefixItems": {"minItems", "maxItems", "items"},
+}
+
+
+# keywords that apply to one kind of value only (JSON Schema ignores them on others)
+_ONLY_FOR = {**dict.fromkeys(("minLength", "maxLength", "pattern", "format"), ("string",)),
+             **dict.fromkeys(_BOUNDS, ("number", "integer")),
+             **dict.fromkeys(("items", "prefixItems", "minItems", "maxItems"), ("array",)),
+             **dict.fromkeys(("properties", "required", "additionalProperties"), ("object",))}
+
+
+def _applying(schema: dict[str, Any], kind: str) -> dict[str, Any]:
+    return {k: v for k, v in schema.items() if kind in _ONLY_FOR.get(k, (kind,))}
+
+
+def _check_combination(out: dict[str, Any], param: str, where: str) -> None:
+    for key, dropped in _DROPPED_BESIDE.items():
+        if key in out and (both := sorted(dropped & set(out))):
+            raise InvalidRequest(f"'{param}': the embedded engine cannot enforce `{key}` "
+                                 f"together with `{both[0]}`{_at(where)}.", param=param)
 
 
 def _integer_enum(out: dict[str, Any], bounds: dict[str, Any], param: str,

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from redline.engine.grammar import converter, text, visit
+from redline.errors import InvalidRequest
 from redline.types import FunctionTool, Message, ToolCallDelta, ToolChoice, new_id
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
@@ -86,9 +87,13 @@ def grammar(tools: tuple[FunctionTool, ...], choice: ToolChoice | None) -> str |
     """GBNF forcing one call of an offered tool (`required` or a named function), or None."""
     if choice is None or choice.mode not in ("required", "function"):
         return None
+    listed = offered(tools, choice)
+    if not listed:
+        raise InvalidRequest(f"tool_choice names `{choice.name}`, which is not in `tools`.",
+                             param="tool_choice")
     conv: Any = converter()
     alts = []
-    for i, tool in enumerate(offered(tools, choice)):
+    for i, tool in enumerate(listed):
         params = dict(tool.parameters) if tool.parameters is not None else {"type": "object"}
         args = visit(conv, params, f"tool{i}-args", "tools")
         name = json.dumps(json.dumps(tool.name))  # a GBNF literal of the JSON string
