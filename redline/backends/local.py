@@ -85,7 +85,7 @@ class LocalBackend:
         # tools rendered, grammar set: a 400 for what the engine cannot enforce
         prepared = prepare(request, self.model.n_vocab)
         if prepared.sampling.grammar is not None:
-            self._check_grammar(prepared.sampling.grammar)
+            self._check_grammar(prepared.sampling.grammar, prepared.grammar_param)
         tokens = self.prompt_tokens(request, prepared.messages)
         tokenize_s = time.perf_counter() - t0
         limit = self.cfg.n_ctx
@@ -114,7 +114,7 @@ class LocalBackend:
                 chunk.timings.add("tokenize", tokenize_s)
             yield chunk
 
-    def _check_grammar(self, gbnf: str) -> None:
+    def _check_grammar(self, gbnf: str, param: str) -> None:
         """Compile a grammar once here, where a failure is the client's 400, not in the
         engine thread (a grammar llama.cpp refuses would stop the engine)."""
         if gbnf in self._grammars:
@@ -124,7 +124,7 @@ class LocalBackend:
             check_grammar(self.model.vocab, gbnf)
         except GrammarError as exc:
             raise InvalidRequest("The embedded engine could not compile a grammar for this "
-                                 "schema.", param="response_format") from exc
+                                 "schema.", param=param) from exc
         if len(self._grammars) >= 256:
             self._grammars.clear()
         self._grammars.add(gbnf)

@@ -23,6 +23,7 @@ class Prepared:
     messages: tuple[Message, ...] | None  # what the chat template renders
     sampling: SamplingParams  # the request's, with the grammar set
     parse_tools: bool  # the answer may hold tool calls
+    grammar_param: str = "response_format"  # the field the grammar comes from (for a 400)
 
 
 def prepare(request: GenerationRequest, n_vocab: int) -> Prepared:
@@ -31,7 +32,7 @@ def prepare(request: GenerationRequest, n_vocab: int) -> Prepared:
         if not 0 <= int(token) < n_vocab:
             raise InvalidRequest(f"logit_bias: token {token} is not in this model's vocabulary "
                                  f"(0..{n_vocab - 1}).", param="logit_bias")
-    gbnf = _format_grammar(request)
+    gbnf, param = _format_grammar(request), "response_format"
     messages = request.messages
     tools = offered(request.tools, request.tool_choice)
     if tools and messages is not None:
@@ -40,11 +41,11 @@ def prepare(request: GenerationRequest, n_vocab: int) -> Prepared:
             if gbnf is not None:
                 raise InvalidRequest("A forced tool call and a JSON response_format cannot "
                                      "both constrain one answer.", param="response_format")
-            gbnf = forced
+            gbnf, param = forced, "tools"
     if messages is not None and (tools or any(m.tool_calls or m.role == "tool" for m in messages)):
         messages = render(messages, request.tools, request.tool_choice)
     sampling = s if gbnf is None else dataclasses.replace(s, grammar=gbnf)
-    return Prepared(messages, sampling, bool(tools) and messages is not None)
+    return Prepared(messages, sampling, bool(tools) and messages is not None, param)
 
 
 def _format_grammar(request: GenerationRequest) -> str | None:
