@@ -42,7 +42,10 @@ Capability = Literal["chat", "completions", "tools", "json_schema", "vision", "l
 REMOTE_CAPABILITIES: frozenset[str] = frozenset(
     ("chat", "completions", "tools", "json_schema", "vision", "logprobs"))
 # what the embedded engine can serve on a local model (grows with the engine)
-LOCAL_CAPABILITIES: frozenset[str] = frozenset(("chat", "completions", "logprobs"))
+LOCAL_CAPABILITIES: frozenset[str] = frozenset(("chat", "completions", "logprobs", "json_schema"))
+# bundled models trained on the tool-call format the embedded engine renders (engine/tools.py);
+# another local model serves tools only where its `capabilities` list them
+TOOL_MODELS: frozenset[str] = frozenset(("qwen2.5-coder-0.5b-instruct",))
 
 
 class PlacementConfig(_Section):
@@ -137,7 +140,9 @@ class ModelConfig(_Section):
     def effective_capabilities(self) -> frozenset[str]:
         if self.capabilities is not None:
             return frozenset(self.capabilities)
-        return REMOTE_CAPABILITIES if self.backend == "openai" else LOCAL_CAPABILITIES
+        if self.backend == "openai":
+            return REMOTE_CAPABILITIES
+        return LOCAL_CAPABILITIES | ({"tools"} if self.bundled in TOOL_MODELS else set())
 
     def replica_urls(self) -> list[str]:
         return ([self.url] if self.url else []) + [u for u in self.urls if u != self.url]

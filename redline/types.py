@@ -156,6 +156,9 @@ class SamplingParams:
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
     logit_bias: tuple[tuple[str, float], ...] = ()  # (token id, bias), in the client's order
+    # GBNF that the embedded engine constrains the answer to: set by the local backend from
+    # response_format and tool_choice, never by a client (a remote engine never sees it)
+    grammar: str | None = None
 
     @property
     def greedy(self) -> bool:

@@ -81,12 +81,15 @@ def test_capabilities_are_checked_against_the_configured_model() -> None:
     cfg = RedlineConfig(models=[{"name": "m", "bundled": "x"},
                                 {"name": "base", "bundled": "x", "capabilities": ["completions"]}],
                         server={"max_n": 2})
-    for request in (gen(), gen(logprobs=True, top_logprobs=5)):  # the engine serves logprobs
+    # the embedded engine serves logprobs, JSON by grammar, several choices, penalties and
+    # logit_bias
+    for request in (gen(), gen(logprobs=True, top_logprobs=5),
+                    gen(response_format={"type": "json_object"}, n=2, presence_penalty=0.5,
+                        frequency_penalty=-0.5, logit_bias={"42": -100})):
         check(cfg, request)
         _router_check(cfg, request)
     capability_cases = [
-        ({"tools": [TOOL]}, "tools"),
-        ({"response_format": {"type": "json_object"}}, "response_format"),
+        ({"tools": [TOOL]}, "tools"),  # this model has no tool format
         ({"messages": [{"role": "user", "content": [
             {"type": "image_url", "image_url": {"url": "http://x/y.png"}}]}]}, "messages")]
     for body, param in capability_cases:  # the router's (routing/capabilities.py)
@@ -94,8 +97,10 @@ def test_capabilities_are_checked_against_the_configured_model() -> None:
         with pytest.raises(InvalidRequest) as err:
             _router_check(cfg, gen(**body))
         assert err.value.param == param, body
-    engine_cases = [({"n": 2}, "n"), ({"n": 3}, "n"), ({"presence_penalty": 0.5}, "presence_penalty"),
-                    ({"reasoning_effort": "low"}, "reasoning_effort")]
+    unenforceable = {"type": "json_schema", "json_schema": {"name": "x", "schema": {
+        "type": "object", "patternProperties": {"^a": {"type": "string"}}}}}
+    engine_cases = [({"n": 3}, "n"), ({"reasoning_effort": "low"}, "reasoning_effort"),
+                    ({"response_format": unenforceable}, "response_format")]
     for body, param in engine_cases:  # the api's (api/capabilities.py)
         with pytest.raises(InvalidRequest) as err:
             check(cfg, gen(**body))

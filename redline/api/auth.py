@@ -21,21 +21,17 @@ the others).
 
 from __future__ import annotations
 
-import hashlib
-import hmac
-import time
-from collections.abc import Sequence
 from typing import Any
 
 from fastapi import FastAPI, Request
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from redline.api.keyring import KeyRing, ManagedKeys, bearer, digest, key_label
 from redline.api.middleware import send_error
 from redline.api.services import services_of
 from redline.config import ApiKey, AuthConfig
 from redline.errors import AuthenticationFailed, Overloaded, PermissionDenied, RedlineError
 from redline.store.base import StoreUnavailable
-from redline.store.keys import KeyRecord, KeyStore
 
 ANONYMOUS = "anonymous"
 # always reachable: the spec and its viewer describe how to authenticate
@@ -43,71 +39,6 @@ OPEN_PATHS = ("/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc")
 # open unless `auth.protect_ops`: probes and scrapers often cannot send a key; the
 # dashboard page holds no data (its figures come from /v1/admin/stats, admin only)
 OPS_PATHS = ("/healthz", "/readyz", "/metrics", "/dashboard")
-
-
-def digest(key: str) -> str:
-    """The sha256 hex digest to store in `auth.keys[].sha256`.
-
-    >>> digest("sk-test")[:12]
-    'f3abf2a6cc4f'
-    """
-    return hashlib.sha256(key.encode()).hexdigest()
-
-
-class KeyRing:
-    """Digest → key entry. A lookup hashes the presented key once; the digest compare is
-    constant-time so a wrong key's timing tells nothing about the right ones."""
-
-    def __init__(self, keys: Sequence[ApiKey]) -> None:
-        self.by_digest = {k.sha256.lower(): k for k in keys}
-
-    def __bool__(self) -> bool:
-        return bool(self.by_digest)
-
-    def find(self, presented: str) -> ApiKey | None:
-        wanted = digest(presented)
-        found = None
-        for known, key in self.by_digest.items():
-            if hmac.compare_digest(known, wanted):
-                found = key
-        return found
-
-
-def bearer(headers: Sequence[tuple[bytes, bytes]]) -> str | None:
-    for name, value in headers:
-        if name == b"authorization":
-            scheme, _, token = value.decode("latin-1").partition(" ")
-            if scheme.lower() == "bearer" and token.strip():
-                return token.strip()
-            return None
-    return None
-
-
-class ManagedKeys:
-    """The store's keys, each found one remembered for `ttl_s` (digest -> record, until)."""
-
-    def __init__(self, keys: KeyStore, ttl_s: float) -> None:
-        self.keys, self.ttl_s = keys, ttl_s
-        self.seen: dict[str, tuple[KeyRecord, float]] = {}
-
-    async def find(self, presented: str) -> KeyRecord | None:
-        wanted = digest(presented)
-        now = time.monotonic()
-        hit = self.seen.get(wanted)
-        if hit is not None and hit[1] > now:
-            return hit[0]
-        record = await self.keys.find(wanted)
-        if record is None:
-            self.seen.pop(wanted, None)
-            return None
-        if len(self.seen) > 10_000:  # bounded: drop what has expired
-            self.seen = {d: v for d, v in self.seen.items() if v[1] > now}
-        self.seen[wanted] = (record, now + self.ttl_s)
-        return record
-
-    def forget(self, sha256: str) -> None:
-        """This replica stops accepting a revoked or rotated key at once."""
-        self.seen.pop(sha256, None)
 
 
 class Auth:
@@ -199,16 +130,6 @@ def document(app: FastAPI, config: AuthConfig) -> None:
         return spec
 
     app.openapi = openapi  # type: ignore[method-assign]
-
-
-def key_label(scope: Scope) -> str:
-    """The key a request came with, as usage names it: a managed key's id, a config key's
-    name, or "-" (no key)."""
-    state = scope.get("state", {})
-    if state.get("key_id"):
-        return str(state["key_id"])
-    key = state.get("api_key")
-    return key.name if key is not None else "-"
 
 
 __all__ = ["ANONYMOUS", "Auth", "KeyRing", "ManagedKeys", "digest", "document", "is_admin",

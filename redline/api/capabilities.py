@@ -1,8 +1,11 @@
 """What the api refuses of a request before it is routed, beyond its schema: more choices
-than the server allows, and what the embedded engine does not serve (penalties,
-logit_bias, several choices, fields redline does not model, earlier tool turns), a 400
-with `param` set rather than a silent drop. A remote OpenAI-compatible model gets every
-field (the upstream decides).
+than the server allows, and what the embedded engine does not serve, a 400 with `param`
+set rather than a silent drop.
+
+A remote OpenAI-compatible model gets every field (the upstream decides); the embedded
+engine serves only what redline implements on it, so anything else it is asked for
+(fields redline does not model, a schema keyword its grammar cannot enforce) is refused
+here rather than ignored.
 
 Whether the model has the capabilities the request needs (chat or completions, tools,
 json_schema, vision, logprobs) is not checked here: the router checks that, once, for
@@ -12,6 +15,8 @@ have changed the model; two copies of that check had drifted apart in their answ
 from __future__ import annotations
 
 from redline.config import ModelConfig, RedlineConfig
+from redline.engine.grammar import schema_grammar
+from redline.engine.tools import grammar as tool_grammar
 from redline.errors import InvalidRequest
 from redline.types import GenerationRequest
 
@@ -29,14 +34,13 @@ def check(config: RedlineConfig, request: GenerationRequest) -> None:
 
 
 def _local(model: ModelConfig, request: GenerationRequest) -> None:
-    s = request.sampling
-    refused = [("n", s.n > 1), ("logit_bias", bool(s.logit_bias)),
-               ("presence_penalty", bool(s.presence_penalty)),
-               ("frequency_penalty", bool(s.frequency_penalty))]
-    refused += [(name, True) for name in request.extra]
-    # earlier tool turns: the embedded engine's chat template renders text only
-    refused.append(("messages", any(m.tool_calls or m.tool_call_id for m in request.messages or ())))
-    for param, asked in refused:
-        if asked:
-            raise InvalidRequest(f"The model `{model.name}` (the embedded engine) does not "
-                                 f"serve '{param}'.", param=param)
+    """What the embedded engine serves: a 400 here, before routing, for a field it does
+    not model or a schema its grammar cannot enforce (the backend checks them again)."""
+    if request.extra:
+        param = next(iter(request.extra))
+        raise InvalidRequest(f"The model `{model.name}` (the embedded engine) does not "
+                             f"serve '{param}'.", param=param)
+    fmt = request.response_format
+    if fmt is not None and fmt.type == "json_schema":
+        schema_grammar(dict(fmt.schema or {}), "response_format")
+    tool_grammar(request.tools, request.tool_choice)

@@ -24,7 +24,7 @@ from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from redline.api.auth import key_label
+from redline.api.keyring import key_label
 from redline.api.limits import TenantLimiter, estimate_tokens, limit_key
 from redline.config import ApiKey, LimitsConfig
 from redline.errors import ModelNotFound, RateLimited

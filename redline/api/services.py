@@ -18,9 +18,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from redline.api.auth import ManagedKeys
 from redline.api.gate import GenerationGate, JobGate
 from redline.api.job_body import decode_body
+from redline.api.keyring import ManagedKeys
 from redline.api.limits import TenantLimiter
 from redline.api.responses_background import Background
 from redline.backends.base import Backend

@@ -8,13 +8,17 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 from redline.backends.base import BackendInfo
+from redline.backends.local_choices import merged
+from redline.backends.local_features import prepare, with_tool_calls
 from redline.config import ModelConfig
 from redline.engine.arbiter import StepArbiter
 from redline.engine.engine import Engine
 from redline.engine.llama import LlamaModel
+from redline.engine.sampling import GrammarError, check_grammar
+from redline.engine.tools import ToolCallParser
 from redline.errors import ContextLengthExceeded, InvalidRequest, NotReady
 from redline.models import bundled_path, served_path
-from redline.types import Chunk, GenerationRequest, SamplingParams
+from redline.types import Chunk, GenerationRequest, Message, SamplingParams
 
 
 class LocalBackend:
@@ -26,6 +30,7 @@ class LocalBackend:
         self.info = BackendInfo(cfg.name, "local", cfg.n_ctx, cfg.size_rank)
         self.engine: Engine | None = None
         self.model: LlamaModel | None = None
+        self._grammars: set[str] = set()  # grammars llama.cpp has compiled here
 
     async def start(self) -> None:
         await asyncio.to_thread(self._load)
@@ -60,10 +65,12 @@ class LocalBackend:
         async for _ in self.stream(req):
             pass
 
-    def prompt_tokens(self, request: GenerationRequest) -> list[int]:
+    def prompt_tokens(self, request: GenerationRequest,
+                      messages: tuple[Message, ...] | None = None) -> list[int]:
         assert self.model is not None
-        if request.messages is not None:
-            text = self.model.render_chat(request.messages)
+        messages = request.messages if messages is None else messages
+        if messages is not None:
+            text = self.model.render_chat(messages)
             return self.model.tokenize(text, add_special=False, parse_special=True)
         return self.model.tokenize(request.prompt or "", add_special=True, parse_special=False)
 
@@ -75,7 +82,11 @@ class LocalBackend:
                                  "model: it has no chat capability).", param="model",
                                  code="model_not_supported")
         t0 = time.perf_counter()
-        tokens = self.prompt_tokens(request)
+        # tools rendered, grammar set: a 400 for what the engine cannot enforce
+        prepared = prepare(request, self.model.n_vocab)
+        if prepared.sampling.grammar is not None:
+            self._check_grammar(prepared.sampling.grammar, prepared.grammar_param)
+        tokens = self.prompt_tokens(request, prepared.messages)
         tokenize_s = time.perf_counter() - t0
         limit = self.cfg.n_ctx
         if len(tokens) + request.sampling.max_tokens > limit:
@@ -88,10 +99,35 @@ class LocalBackend:
             )
         if not tokens:
             tokens = self.model.tokenize(" ", add_special=True)
-        async for chunk in self.engine.generate(tokens, request.sampling, request.id):
+        engine = self.engine
+
+        def start(index: int, sampling: SamplingParams) -> AsyncIterator[Chunk]:
+            chunks = engine.generate(tokens, sampling, request.id if index == 0 else None)
+            if prepared.parse_tools:
+                chunks = with_tool_calls(chunks, ToolCallParser(request.tools))
+            return chunks
+
+        n = prepared.sampling.n
+        stream = start(0, prepared.sampling) if n == 1 else merged(n, prepared.sampling, start)
+        async for chunk in stream:
             if chunk.timings is not None:
                 chunk.timings.add("tokenize", tokenize_s)
             yield chunk
+
+    def _check_grammar(self, gbnf: str, param: str) -> None:
+        """Compile a grammar once here, where a failure is the client's 400, not in the
+        engine thread (a grammar llama.cpp refuses would stop the engine)."""
+        if gbnf in self._grammars:
+            return
+        assert self.model is not None
+        try:
+            check_grammar(self.model.vocab, gbnf)
+        except GrammarError as exc:
+            raise InvalidRequest("The embedded engine could not compile a grammar for this "
+                                 "schema.", param=param) from exc
+        if len(self._grammars) >= 256:
+            self._grammars.clear()
+        self._grammars.add(gbnf)
 
     def load(self) -> int:
         return self.engine.active if self.engine else 0

@@ -1,42 +1,143 @@
-"""Per-sequence token choice: greedy by argmax, or a llama.cpp sampler chain."""
+"""Per-sequence token choice: greedy by argmax, or a llama.cpp sampler chain.
+
+The chain, in order: `logit_bias`, the presence/frequency penalties (OpenAI's formula:
+logit -= count * frequency + (count > 0) * presence, over this sequence's own output),
+then greedy, or top-k, top-p, temperature and a seeded draw.
+
+A grammar (structured outputs, forced tool calls) is checked after the draw, as llama.cpp's
+own common sampler does: checking a 49k-token vocabulary against the grammar at every step
+is slow, so the free chain picks a token first and only that token is checked; when the
+grammar refuses it, the step samples again from the grammar-filtered vocabulary."""
 
 from __future__ import annotations
 
+import ctypes
+import math
 import random
 from collections.abc import Callable
+from typing import Any
 
 import llama_cpp as ll
 import numpy as np
 
 from redline.types import SamplingParams, TokenLogprob, TopLogprob
 
+# llama_token_data: {id: int32, logit: float, p: float}
+_TOKEN_DATA = np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float32)])
+
+
+class GrammarError(ValueError):
+    """llama.cpp could not parse a grammar (the backend compiles it once before submitting)."""
+
+
+def grammar_sampler(vocab: Any, grammar: str) -> Any:
+    smpl = ll.llama_sampler_init_grammar(vocab, grammar.encode(), b"root")
+    if not smpl:
+        raise GrammarError("llama.cpp refused the grammar")
+    return smpl
+
+
+def check_grammar(vocab: Any, grammar: str) -> None:
+    """GrammarError unless llama.cpp compiles `grammar` over `vocab`."""
+    ll.llama_sampler_free(grammar_sampler(vocab, grammar))
+
 
 class Sampler:
     def __init__(self, params: SamplingParams) -> None:
-        self.greedy = params.greedy
-        self._chain = None
-        if self.greedy:
-            return
+        self.params = params
+        self.penalised = bool(params.presence_penalty or params.frequency_penalty)
+        # argmax alone: nothing edits the logits before the choice
+        self.greedy = (params.greedy and not params.logit_bias and not self.penalised
+                       and params.grammar is None)
+        self._chain: Any = None
+        self._grammar: Any = None
+        self._cands: np.ndarray | None = None
+        self._one = np.zeros(1, dtype=_TOKEN_DATA)
+
+    def _build(self, ctx: object) -> None:
+        """The chain, built on first use (the vocabulary comes from the context)."""
+        p = self.params
+        vocab = ll.llama_model_get_vocab(ll.llama_get_model(ctx))
+        n_vocab = ll.llama_vocab_n_tokens(vocab)
         chain = ll.llama_sampler_chain_init(ll.llama_sampler_chain_default_params())
-        if params.top_k > 0:
-            ll.llama_sampler_chain_add(chain, ll.llama_sampler_init_top_k(params.top_k))
-        if params.top_p < 1.0:
-            ll.llama_sampler_chain_add(chain, ll.llama_sampler_init_top_p(params.top_p, 1))
-        ll.llama_sampler_chain_add(chain, ll.llama_sampler_init_temp(params.temperature))
-        seed = params.seed if params.seed is not None else random.getrandbits(32)
-        ll.llama_sampler_chain_add(chain, ll.llama_sampler_init_dist(seed & 0xFFFFFFFF))
+        if p.logit_bias:
+            biases = (ll.llama_logit_bias * len(p.logit_bias))()
+            for i, (token, bias) in enumerate(p.logit_bias):
+                biases[i].token = int(token)  # type: ignore[assignment]
+                # -100/100 ban or force a token, as OpenAI documents
+                biases[i].bias = -math.inf if bias <= -100 else float(bias)
+            ll.llama_sampler_chain_add(chain, ll.llama_sampler_init_logit_bias(
+                n_vocab, len(p.logit_bias), biases))
+        if self.penalised:
+            # the binding declares (n_vocab, last_n, ...) where the C function now takes
+            # (last_n, ...): the window goes in both places, right under either signature
+            window = max(p.max_tokens, 1)
+            ll.llama_sampler_chain_add(chain, ll.llama_sampler_init_penalties(
+                window, window, 1.0, float(p.frequency_penalty or 0.0),
+                float(p.presence_penalty or 0.0)))
+        if p.greedy:
+            ll.llama_sampler_chain_add(chain, ll.llama_sampler_init_greedy())
+        else:
+            if p.top_k > 0:
+                ll.llama_sampler_chain_add(chain, ll.llama_sampler_init_top_k(p.top_k))
+            if p.top_p < 1.0:
+                ll.llama_sampler_chain_add(chain, ll.llama_sampler_init_top_p(p.top_p, 1))
+            ll.llama_sampler_chain_add(chain, ll.llama_sampler_init_temp(p.temperature))
+            seed = p.seed if p.seed is not None else random.getrandbits(32)
+            ll.llama_sampler_chain_add(chain, ll.llama_sampler_init_dist(seed & 0xFFFFFFFF))
         self._chain = chain
+        if p.grammar is not None:
+            self._grammar = grammar_sampler(vocab, p.grammar)
+            self._cands = np.zeros(n_vocab, dtype=_TOKEN_DATA)
 
     def sample(self, ctx: object, index: int, logits: np.ndarray) -> int:
         """Choose the next token from batch entry `index` (logits: [n_vocab])."""
-        if self._chain is None:
+        if self.greedy:
             return int(logits.argmax())
-        return int(ll.llama_sampler_sample(self._chain, ctx, index))
+        if self._chain is None:
+            self._build(ctx)
+        if self._grammar is None:
+            return int(ll.llama_sampler_sample(self._chain, ctx, index))
+        token = self._apply(logits, self._chain)
+        if not self._allows(token):
+            token = self._apply(logits, self._grammar, self._chain)
+        ll.llama_sampler_accept(self._grammar, token)
+        ll.llama_sampler_accept(self._chain, token)
+        return token
+
+    def _apply(self, logits: np.ndarray, *samplers: Any) -> int:
+        """Run `samplers` over the whole vocabulary; the token they select."""
+        cands = self._cands
+        assert cands is not None
+        cands["id"] = np.arange(len(cands), dtype=np.int32)
+        cands["logit"] = logits
+        cands["p"] = 0.0
+        arr = _array(cands)
+        for smpl in samplers:
+            ll.llama_sampler_apply(smpl, ctypes.byref(arr))
+        # a sampler may sort or move the data: read the selection through the array
+        return int(arr.data[max(int(arr.selected), 0)].id)
+
+    def _allows(self, token: int) -> bool:
+        """Whether the grammar accepts `token` next (one token checked, not the vocabulary)."""
+        self._one[0] = (token, 1.0, 0.0)
+        arr = _array(self._one)
+        ll.llama_sampler_apply(self._grammar, ctypes.byref(arr))
+        return bool(np.isfinite(self._one["logit"][0]))
 
     def close(self) -> None:
         if self._chain is not None:
             ll.llama_sampler_free(self._chain)
             self._chain = None
+        if self._grammar is not None:
+            ll.llama_sampler_free(self._grammar)
+            self._grammar = None
+
+
+def _array(cands: np.ndarray) -> Any:
+    return ll.llama_token_data_array(
+        data=cands.ctypes.data_as(ctypes.POINTER(ll.llama_token_data)), size=len(cands),
+        selected=-1, sorted=False)
 
 
 def token_logprobs(logits: np.ndarray, token: int, top: int,

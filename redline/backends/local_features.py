@@ -1,0 +1,74 @@
+"""What the embedded engine makes of a request beyond plain text: the tool prompt, the
+grammar that constrains the answer (`response_format`, a forced tool call), and the parse
+of tool calls out of the generated text.
+
+`prepare` raises InvalidRequest (with `param`) for what the engine cannot enforce, before
+anything is submitted: a schema keyword the grammar cannot express, a token id outside
+the vocabulary in `logit_bias`."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+from redline.engine.grammar import JSON_OBJECT, schema_grammar
+from redline.engine.tools import ToolCallParser, grammar, offered, render
+from redline.errors import InvalidRequest
+from redline.types import Chunk, GenerationRequest, Message, SamplingParams
+
+
+@dataclass(frozen=True)
+class Prepared:
+    messages: tuple[Message, ...] | None  # what the chat template renders
+    sampling: SamplingParams  # the request's, with the grammar set
+    parse_tools: bool  # the answer may hold tool calls
+    grammar_param: str = "response_format"  # the field the grammar comes from (for a 400)
+
+
+def prepare(request: GenerationRequest, n_vocab: int) -> Prepared:
+    s = request.sampling
+    for token, _ in s.logit_bias:
+        if not 0 <= int(token) < n_vocab:
+            raise InvalidRequest(f"logit_bias: token {token} is not in this model's vocabulary "
+                                 f"(0..{n_vocab - 1}).", param="logit_bias")
+    gbnf, param = _format_grammar(request), "response_format"
+    messages = request.messages
+    tools = offered(request.tools, request.tool_choice)
+    if tools and messages is not None:
+        forced = grammar(request.tools, request.tool_choice)
+        if forced is not None:
+            if gbnf is not None:
+                raise InvalidRequest("A forced tool call and a JSON response_format cannot "
+                                     "both constrain one answer.", param="response_format")
+            gbnf, param = forced, "tools"
+    if messages is not None and (tools or any(m.tool_calls or m.role == "tool" for m in messages)):
+        messages = render(messages, request.tools, request.tool_choice)
+    sampling = s if gbnf is None else dataclasses.replace(s, grammar=gbnf)
+    return Prepared(messages, sampling, bool(tools) and messages is not None, param)
+
+
+def _format_grammar(request: GenerationRequest) -> str | None:
+    fmt = request.response_format
+    if fmt is None or fmt.type == "text":
+        return None
+    if fmt.type == "json_object":
+        return JSON_OBJECT
+    schema = dict(fmt.schema) if fmt.schema is not None else {}
+    return schema_grammar(schema, "response_format")
+
+
+async def with_tool_calls(chunks: AsyncIterator[Chunk], parser: ToolCallParser) -> AsyncIterator[Chunk]:
+    """`chunks` with tool-call blocks taken out of the text and made tool-call deltas; a
+    choice that called a tool finishes with "tool_calls"."""
+    async for chunk in chunks:
+        text, calls = parser.feed(chunk.text)
+        if chunk.finish is not None:
+            text += parser.flush()
+            if parser.calls and chunk.finish == "stop":
+                if chunk.finish_reason is not None:
+                    chunk.finish_reason = "tool_calls"
+                else:
+                    chunk.ends_choice = "tool_calls"
+        chunk.text, chunk.tool_calls = text, chunk.tool_calls + calls
+        yield chunk

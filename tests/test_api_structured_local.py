@@ -1,0 +1,177 @@
+"""The embedded engine's structured outputs, tools and several choices through the
+official `openai` client against a real server on SmolLM2."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import openai
+import pytest
+from conftest import SMOL, ServerProcess, smol_config, wait_ready
+
+from redline.engine.llama import LlamaModel
+from redline.models import bundled_path
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]  # a loaded machine is slow
+
+PERSON = {"type": "object", "properties": {
+    "name": {"type": "string", "maxLength": 20},
+    "age": {"type": "integer", "minimum": 0, "maximum": 120}},
+    "required": ["name", "age"], "additionalProperties": False}
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "The current weather in a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 30}},
+                   "required": ["city"], "additionalProperties": False}}}
+TIME = {"type": "function", "function": {"name": "get_time", "parameters": {
+    "type": "object", "properties": {"zone": {"enum": ["UTC", "CET"]}}, "required": ["zone"],
+    "additionalProperties": False}}}
+# tier A: tier S may shorten max_tokens to meet its budget on a loaded machine, which cuts
+# a JSON answer or a tool call short (finish_reason "length")
+NO_CACHE = {"cache": False, "tier": "A"}
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    # SmolLM2 has no tool format of its own: listed here, forced calls work by grammar
+    cfg = smol_config(models=[{"name": SMOL, "bundled": SMOL, "n_seq_max": 8, "n_ctx": 2048,
+                               "capabilities": ["chat", "completions", "logprobs",
+                                                "json_schema", "tools"]}],
+                      server={"max_n": 4})
+    proc = ServerProcess(cfg, tmp_path_factory.mktemp("structured")).start(wait=False)
+    wait_ready(proc.url, timeout=600, proc=proc.proc)  # a loaded machine: minutes to warm up
+    yield proc
+    proc.stop()
+
+
+def client(server: ServerProcess) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{server.url}/v1", api_key="x", max_retries=0)
+
+
+def ask(text: str) -> list[Any]:
+    return [{"role": "user", "content": text}]
+
+
+def test_json_schema_answers_validate(server: ServerProcess) -> None:
+    c = client(server)
+    fmt: Any = {"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON,
+                                                       "strict": True}}
+    r = c.chat.completions.create(model=SMOL, messages=ask("Describe a person."), max_tokens=48,
+                                  temperature=0.7, seed=3, response_format=fmt,
+                                  extra_body=NO_CACHE)
+    assert r.choices[0].finish_reason == "stop"
+    jsonschema.validate(json.loads(r.choices[0].message.content or ""), PERSON)
+    stream = c.chat.completions.create(model=SMOL, messages=ask("Describe a person."),
+                                       max_tokens=48, temperature=0.7, seed=3,
+                                       response_format=fmt, stream=True, extra_body=NO_CACHE)
+    text = "".join(ch.choices[0].delta.content or "" for ch in stream if ch.choices)
+    assert text == r.choices[0].message.content  # same seed, same answer, streamed or not
+    obj = c.chat.completions.create(model=SMOL, messages=ask("Give a JSON object about cats."),
+                                    max_tokens=48, temperature=0,
+                                    response_format={"type": "json_object"}, extra_body=NO_CACHE)
+    if obj.choices[0].finish_reason == "stop":
+        assert isinstance(json.loads(obj.choices[0].message.content or ""), dict)
+
+
+def test_forced_tool_calls_stream_like_openai_and_the_loop_closes(server: ServerProcess) -> None:
+    c = client(server)
+    messages = ask("What is the weather in Paris?")
+    stream = c.chat.completions.create(model=SMOL, messages=messages, max_tokens=64,
+                                       temperature=0.7, seed=1, tools=[WEATHER, TIME],
+                                       tool_choice="required", stream=True, extra_body=NO_CACHE)
+    deltas, finish = [], None
+    for ch in stream:
+        for choice in ch.choices:
+            deltas += choice.delta.tool_calls or []
+            finish = choice.finish_reason or finish
+    assert finish == "tool_calls" and deltas
+    first = deltas[0]
+    assert first.index == 0 and first.id and first.type == "function" and first.function
+    name = first.function.name
+    args = "".join(d.function.arguments or "" for d in deltas if d.function)
+    schema = {"get_weather": WEATHER, "get_time": TIME}[name or ""]["function"]["parameters"]
+    jsonschema.validate(json.loads(args), schema)  # type: ignore[arg-type]
+    # a named function: that one, not streamed
+    r = c.chat.completions.create(model=SMOL, messages=messages, max_tokens=64, temperature=0,
+                                  tools=[WEATHER, TIME], extra_body=NO_CACHE,
+                                  tool_choice={"type": "function",
+                                               "function": {"name": "get_weather"}})
+    choice = r.choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.tool_calls
+    call = choice.message.tool_calls[0]
+    assert call.function.name == "get_weather"  # type: ignore[union-attr]
+    jsonschema.validate(json.loads(call.function.arguments),  # type: ignore[union-attr]
+                        WEATHER["function"]["parameters"])  # type: ignore[index]
+    # the agent loop: the call and its result go back, the model answers in text
+    loop = [*messages, choice.message.model_dump(exclude_none=True),
+            {"role": "tool", "tool_call_id": call.id, "content": "18 C and sunny"}]
+    final = c.chat.completions.create(model=SMOL, messages=loop, max_tokens=24, temperature=0,
+                                      tools=[WEATHER, TIME], tool_choice="none",
+                                      extra_body=NO_CACHE)
+    assert final.choices[0].message.content and not final.choices[0].message.tool_calls
+    assert final.choices[0].finish_reason in ("stop", "length")
+
+
+def test_several_choices_are_distinct_and_reproducible(server: ServerProcess) -> None:
+    c = client(server)
+    kw: Any = {"model": SMOL, "messages": ask("Tell me a story."), "max_tokens": 12,
+               "temperature": 1.0, "seed": 11, "n": 2, "extra_body": NO_CACHE}
+    r = c.chat.completions.create(**kw)
+    texts = [ch.message.content for ch in r.choices]
+    assert [ch.index for ch in r.choices] == [0, 1] and texts[0] != texts[1]
+    assert r.usage is not None and r.usage.completion_tokens > 12
+    again = c.chat.completions.create(**kw)
+    assert [ch.message.content for ch in again.choices] == texts
+    streamed: dict[int, str] = {0: "", 1: ""}
+    finished = set()
+    for ch in c.chat.completions.create(**kw, stream=True):
+        for choice in ch.choices:
+            streamed[choice.index] += choice.delta.content or ""
+            if choice.finish_reason:
+                finished.add(choice.index)
+    assert finished == {0, 1} and [streamed[0], streamed[1]] == texts
+
+
+def test_logit_bias_and_penalties_change_the_answer(server: ServerProcess) -> None:
+    c = client(server)
+    kw: Any = {"model": SMOL, "messages": ask("Say hello."), "max_tokens": 8, "temperature": 0,
+               "extra_body": NO_CACHE, "logprobs": True}
+    plain = c.chat.completions.create(**kw)
+    first = plain.choices[0].logprobs.content[0]  # type: ignore[union-attr,index]
+    banned = c.chat.completions.create(**kw, logit_bias=_ban(first.token))
+    assert banned.choices[0].logprobs.content[0].token != first.token  # type: ignore[union-attr,index]
+    penalised = c.chat.completions.create(**{**kw, "max_tokens": 24}, frequency_penalty=2.0,
+                                          presence_penalty=2.0)
+    unpenalised = c.chat.completions.create(**{**kw, "max_tokens": 24})
+    assert penalised.choices[0].message.content != unpenalised.choices[0].message.content
+
+
+def _ban(token: str) -> dict[str, int]:
+    """logit_bias banning `token` (its id from the model's own vocabulary)."""
+    model = LlamaModel(str(bundled_path(SMOL, Path(".redline/models"))))
+    try:
+        return {str(t): -100 for t in model.tokenize(token, add_special=False,
+                                                     parse_special=True)}
+    finally:
+        model.close()
+
+
+@pytest.mark.parametrize(("extra", "param"), [
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {
+        "type": "object", "properties": {"a": {"type": "number", "minimum": 0}}}}}},
+     "response_format"),
+    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {
+        "type": "object", "properties": {"a": {"type": "string", "format": "email"}}}}}],
+      "tool_choice": "required"}, "tools"),
+    ({"logit_bias": {"99999999": 5}}, "logit_bias"),
+    ({"n": 5}, "n"),
+])
+def test_what_the_engine_cannot_enforce_is_a_400(server: ServerProcess, extra: dict[str, Any],
+                                                param: str) -> None:
+    with pytest.raises(openai.BadRequestError) as err:
+        client(server).chat.completions.create(model=SMOL, messages=ask("Hi"), max_tokens=4,
+                                               extra_body={**extra, **NO_CACHE})
+    assert err.value.body["param"] == param  # type: ignore[index]
