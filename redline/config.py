@@ -73,6 +73,12 @@ class PlacementConfig(_Section):
                            "else `user`) goes to the replica its session used, while that one "
                            "is healthy")
     session_capacity: int = Field(default=100_000, ge=1, description="sessions remembered (LRU)")
+    migrate: Literal["auto", "continue_final_message", "prefill", "text_only", "off"] = Field(
+        default="auto",
+        description="a stream whose replica dies mid-answer continues on another replica "
+        "(backends/continuation.py): continue_final_message (vLLM, SGLang), prefill (llama.cpp's "
+        "server), text_only (completions only; chat streams end with an error event), off. "
+        "auto: text_only for local models, continue_final_message for remote ones")
 
 
 class ModelConfig(_Section):
