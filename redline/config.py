@@ -181,6 +181,10 @@ class StreamsConfig(_Section):
     follow_stall_s: float = Field(60.0, gt=0, description="a resume through another replica gives up "
                                   "when its journal has no new event for this long")
     progress: bool = Field(True, description="chunks carry redline.progress (tokens, expected, eta)")
+    journal_live: bool = Field(False, description="journal every stream as it goes (one group write "
+                               "every journal_flush_s), with its request: when its gateway dies, a "
+                               "resume through another gateway continues the answer "
+                               "(streams/takeover.py); off: only streams whose client left are")
 
 
 class ResponsesConfig(_Section):

@@ -211,3 +211,40 @@ def _closed_port() -> int:
     from conftest import free_port
 
     return int(free_port())
+
+
+@pytest.mark.slow
+def test_a_stream_whose_gateway_is_killed_goes_on_through_another(
+        live_app: Any, server_factory: Any, redis_url: str) -> None:
+    """kill -9 of the gateway producing a stream: a resume through the other gateway
+    (sharing Redis) continues the answer from the journal, numbered on, nothing lost or
+    repeated; a stream of tool calls gets a clear error event instead."""
+    import signal
+
+    urls = upstreams(live_app, die_at=0, tpot=0.05)
+    n = 40
+    cfg = {"models": [{"name": "remote", "backend": "openai", "urls": urls}],
+           "cache": {"enabled": False}, "store": {"url": redis_url},
+           "routing": {"classifier": "off", "hedge": False},
+           "streams": {"resume_grace_s": 5, "journal_live": True}}
+    a, b = server_factory(cfg), server_factory(cfg)
+    body = {**CHAT, "max_tokens": n}
+    sid, head = stream(a.url, body, cut_after=8)  # role, t1..t7; the connection stays
+    a.stop(signal.SIGKILL)
+    r = httpx.get(f"{b.url}/v1/streams/{sid}", headers={"Last-Event-ID": f"{sid}:8"}, timeout=30)
+    assert r.status_code == 200
+    joined = head + r.content
+    assert text(joined) == " ".join(f"t{k}" for k in range(1, n + 1)), b.log()
+    assert seqs(joined) == list(range(1, joined.count(b"\n\n") + 1))
+    assert joined.endswith(b"data: [DONE]\n\n")
+    # the continuation was asked of an engine replica, after the journalled text (the
+    # journal may lag what the client got by one group write: regenerated, same text)
+    asked = [x["messages"][-1] for x in (httpx.get(f"{u}/last").json() for u in urls)
+             if x is not None and x["messages"][-1]["role"] == "assistant"]
+    assert len(asked) == 1 and asked[0]["content"].startswith("t1 t2 t3 t4 t5")
+    assert text(joined).startswith(asked[0]["content"] + " ")
+    # b owns it now: finished, it replays it whole: the same text, and the same bytes
+    # after what the client had (events the dead gateway sent past its last journal
+    # write were made again by b, with b's timestamps and no progress field)
+    replay = httpx.get(f"{b.url}/v1/streams/{sid}", timeout=30).content
+    assert text(replay) == text(joined) and replay.endswith(r.content)
