@@ -76,6 +76,12 @@ class PlacementConfig(_Section):
                            "else `user`) goes to the replica its session used, while that one "
                            "is healthy")
     session_capacity: int = Field(default=100_000, ge=1, description="sessions remembered (LRU)")
+    migrate: Literal["auto", "continue_final_message", "prefill", "text_only", "off"] = Field(
+        default="auto",
+        description="a stream whose replica dies mid-answer continues on another replica "
+        "(backends/continuation.py): continue_final_message (vLLM, SGLang), prefill (llama.cpp's "
+        "server), text_only (completions only; chat streams end with an error event), off. "
+        "auto: text_only for local models, continue_final_message for remote ones")
 
 
 class ModelConfig(_Section):
@@ -180,6 +186,10 @@ class StreamsConfig(_Section):
     follow_stall_s: float = Field(60.0, gt=0, description="a resume through another replica gives up "
                                   "when its journal has no new event for this long")
     progress: bool = Field(True, description="chunks carry redline.progress (tokens, expected, eta)")
+    journal_live: bool = Field(False, description="journal every stream as it goes (one group write "
+                               "every journal_flush_s), with its request: when its gateway dies, a "
+                               "resume through another gateway continues the answer "
+                               "(streams/takeover.py); off: only streams whose client left are")
 
 
 class ResponsesConfig(_Section):

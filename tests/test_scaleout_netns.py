@@ -6,8 +6,9 @@ is lost; restarted, it takes traffic again), and a gateway cut from Redis by a r
 (it keeps serving, the store failing open; once healed, a stream started there resumes
 through the other gateway). Needs root and `ip` (iproute2); skipped without them.
 
-Not here yet (issue 25, parts 2 and 4): a gateway killed mid-stream whose stream then
-continues on the other one (streams that migrate)."""
+A gateway killed (kill -9) mid-stream: the client resumes through the other gateway, which
+continues the answer from the journal in Redis (`streams.journal_live`, streams that
+migrate; the same with engines that die mid-answer is tests/test_stream_migration.py)."""
 
 from __future__ import annotations
 
@@ -120,6 +121,7 @@ class Cluster:
     redis_ip: str
     engine_procs: list[subprocess.Popen[bytes]]
     tmp: Path
+    gateway_procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
 
     def start_engine(self, i: int) -> subprocess.Popen[bytes]:
         proc = self.net.start(self.engine_ns[i], sys.executable, "-m", "redline.backends.fake_upstream",
@@ -155,7 +157,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
             "cache": {"semantic": False},
             "routing": {"classifier": "off", "hedge": False, "breaker_threshold": 2,
                         "breaker_ttl_s": 1.0},
-            "streams": {"resume_grace_s": 30},
+            "streams": {"resume_grace_s": 30, "journal_live": True},
         }
         path = tmp / "redline.yaml"
         path.write_text(yaml.safe_dump(config))
@@ -163,6 +165,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
             proc = net.start(ns, sys.executable, "-m", "redline.cli", "serve", "--config", str(path),
                              log=tmp / f"gateway{i}.log")
             wait_http(f"{c.gateways[i]}/readyz", proc)
+            c.gateway_procs.append(proc)
         yield c
     finally:
         net.down()
@@ -241,3 +244,36 @@ def test_a_gateway_cut_from_redis_keeps_serving_and_its_streams_resume_elsewhere
         text = "".join(json.loads(d[5:])["choices"][0]["delta"].get("content") or ""
                        for d in data[:-1] if json.loads(d[5:]).get("choices"))
         assert text.split() == ["tok"] * 40
+
+
+def test_a_gateway_killed_mid_stream_goes_on_through_the_other(cluster: Cluster) -> None:
+    """Last in the module: it kills gateway 0 for good."""
+    with client() as c:
+        with c.stream("POST", f"{cluster.gateways[0]}/v1/chat/completions", json={
+                "model": "remote", "max_tokens": 40, "stream": True, "cache": False,
+                "messages": [{"role": "user", "content": "a long answer, then a crash"}]}) as s:
+            assert s.status_code == 200
+            stream_id = s.headers["x-redline-stream-id"]
+            ids: list[str] = []
+            data: list[str] = []
+            for line in s.iter_lines():
+                if line.startswith("id:"):
+                    ids.append(line.split(":", 1)[1].strip())
+                elif line.startswith("data:"):
+                    data.append(line)
+                if len(ids) == 6 and len(data) == 6:
+                    break
+            cluster.gateway_procs[0].send_signal(signal.SIGKILL)  # mid-stream, client attached
+            cluster.gateway_procs[0].wait(timeout=10)
+        with c.stream("GET", f"{cluster.gateways[1]}/v1/streams/{stream_id}",
+                      headers={"Last-Event-ID": ids[-1]}) as s:
+            assert s.status_code == 200
+            more = [line for line in s.iter_lines() if line.startswith(("id:", "data:"))]
+        data += [line for line in more if line.startswith("data:")]
+        seqs = [int(x.rsplit(":", 1)[1]) for x in ids + [line.split(":", 1)[1].strip()
+                                                        for line in more if line.startswith("id:")]]
+        assert seqs == list(range(1, len(seqs) + 1))
+        assert data[-1] == "data: [DONE]" and not any('"error"' in d for d in data)
+        pieces = [(json.loads(d[5:])["choices"] or [{}])[0].get("delta", {}).get("content")
+                  for d in data[:-1]]
+        assert "".join(p for p in pieces if p) == " ".join(["tok"] * 40)

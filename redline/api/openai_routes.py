@@ -9,7 +9,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 from starlette.types import Scope
 
-from redline.api import capabilities, jobs_routes, sse
+from redline.api import capabilities, jobs_routes, sse, stream_takeover
 from redline.api.chunks import ChunkEncoder
 from redline.api.schemas import ChatCompletionRequest, CompletionRequest
 from redline.api.services import Services, services_of
@@ -134,6 +134,9 @@ async def serve(services: Services, request: Request,
         except BaseException:  # cancelled while a first chunk without text waits for more
             await aclose(events)  # closes the chunks: frees the upstream or engine sequence
             raise
+        if streams.cfg.journal_live:  # kept for another gateway, should this one die
+            events = stream_takeover.kept(services, stream_id, stream_takeover.handed(
+                body, gen, gen_kind, completion.model), events)
         live = streams.start(stream_id, events, tenant=gen.tenant, first=first)
         return sse.EventStream(streams.follow(live), headers=headers, first_ready=bool(first))
     encoder = ChunkEncoder(gen_kind, gen.id, completion.model)  # type: ignore[arg-type]

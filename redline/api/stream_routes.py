@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Request
 
-from redline.api import sse
+from redline.api import sse, stream_takeover
 from redline.api.services import services_of
 from redline.api.tenant import tenant_of
 from redline.errors import InvalidRequest
@@ -39,7 +39,10 @@ async def resume_stream(stream_id: str, request: Request) -> sse.EventStream:
     streams = services_of(request.app).streams
     after = _after(stream_id, request.headers.get("last-event-id"),
                    request.query_params.get("after"))
-    events = await streams.open(stream_id, after, tenant=tenant_of(request))
+    tenant = tenant_of(request)
+    # its gateway died (streams.journal_live): continue it here, then follow it
+    await stream_takeover.take_over(services_of(request.app), stream_id, tenant)
+    events = await streams.open(stream_id, after, tenant=tenant)
     headers = {"X-Redline-Stream-Id": stream_id, "Cache-Control": "no-cache",
                "X-Accel-Buffering": "no"}
     return sse.EventStream(events, headers=headers)

@@ -9,7 +9,10 @@ from the request alone (deterministic but for the tool-call ids):
 - `response_format` json_object / json_schema: a JSON object (from the schema's
   properties) in 3-character pieces.
 - otherwise "tok tok ..." up to max_tokens (choice i>0 says "tok<i>"), the first piece
-  "images:<k>" when the messages hold k image parts.
+  "images:<k>" when the messages hold k image parts; `numbered`: "t1 t2 t3 ..." instead
+  (choice i>0: "t<i>.1 ..."), so that a lost or repeated piece shows in the text.
+- a continuation (`continued`): the same answer without the pieces the prefix already
+  holds (a replica continuing what another began, as vLLM's `continue_final_message` does).
 - `reasoning_effort` set: `reasoning_content` deltas before the answer (as vLLM's and
   DeepSeek's reasoning models stream them).
 - `n` choices, interleaved step by step; `logprobs`/`top_logprobs` (chat's shape, or
@@ -52,8 +55,9 @@ def _pieces(text: str, size: int) -> list[str]:
 
 class Answer:
     def __init__(self, body: dict[str, Any], chat: bool, max_tokens: int, words: int,
-                 cached_tokens: int | None, call_id: str) -> None:
+                 cached_tokens: int | None, call_id: str, numbered: bool = False) -> None:
         self.body, self.chat, self.words, self.cached = body, chat, words, cached_tokens
+        self.numbered = numbered
         self.model = body.get("model")
         self.created = int(time.time())
         self.top = int(body.get("top_logprobs") or 0) if chat else int(body.get("logprobs") or 0)
@@ -66,9 +70,8 @@ class Answer:
     def _choice(self, i: int, max_tokens: int, call_id: str) -> _Choice:
         body = self.body
         if not self.chat:
-            word = "tok" if i == 0 else f"tok{i}"
-            return _Choice([(word if k == 0 else f" {word}", True) for k in range(max_tokens)],
-                           "length")
+            return _Choice([(w if k == 0 else f" {w}", True)
+                            for k, w in enumerate(self._words(i, max_tokens))], "length")
         messages = body.get("messages") or [{}]
         last = messages[-1]
         tools = [t for t in body.get("tools") or () if t.get("type") == "function"]
@@ -83,10 +86,10 @@ class Answer:
             value = _value(schema) if fmt == "json_schema" else {"answer": "tok"}
             pieces, finish = _pieces(json.dumps(value), 3), "stop"
         else:
-            word = "tok" if i == 0 else f"tok{i}"
+            words = self._words(i, max(1, max_tokens))
             images = sum(1 for m in messages if isinstance(m.get("content"), list)
                          for p in m["content"] if p.get("type") == "image_url")
-            pieces = [f"images:{images}" if images else word] + [f" {word}"] * (max_tokens - 1)
+            pieces = [f"images:{images}" if images else words[0]] + [f" {w}" for w in words[1:]]
             finish = "length"
         if len(pieces) > max_tokens:
             pieces, finish = pieces[:max_tokens], "length"
@@ -96,6 +99,39 @@ class Answer:
                          for p in ("Let me", " think.")]
         steps[0][0]["role"] = "assistant"
         return _Choice(steps, finish)
+
+    def _words(self, i: int, n: int) -> list[str]:
+        if self.numbered:
+            return [f"t{k + 1}" if i == 0 else f"t{i}.{k + 1}" for k in range(n)]
+        return ["tok" if i == 0 else f"tok{i}"] * n
+
+    def continued(self, prefix: str, limit: int) -> int:
+        """Make this answer the continuation of `prefix` (what an earlier stream of it
+        produced): drop the first pieces of choice 0 whose text `prefix` begins with (the
+        longest such run), keep `limit` more. Returns how many were dropped."""
+        c = self.choices[0]
+        done, text = 0, ""
+        for piece, _ in c.steps:
+            token = (piece.get("content") or "") if self.chat else piece
+            if not token or not prefix.startswith(text + token):
+                break
+            text += token
+            done += 1
+        c.steps = c.steps[done:done + limit]
+        if self.chat and c.steps:
+            c.steps[0] = ({**c.steps[0][0], "role": "assistant"}, c.steps[0][1])
+        self.steps = max(len(ch.steps) for ch in self.choices)
+        return done
+
+    def suffix_steps(self, prompt: str) -> int:
+        """Text completions: how many of choice 0's first pieces `prompt` ends with (a
+        continuation sends the prompt with the text generated so far appended)."""
+        whole = "".join(p for p, _ in self.choices[0].steps)
+        ends = [0]
+        for p, _ in self.choices[0].steps:
+            ends.append(ends[-1] + len(p))
+        return next((k for k in range(len(ends) - 1, 0, -1)
+                     if prompt.endswith(whole[:ends[k]])), 0)
 
     def _calls(self, tools: list[dict[str, Any]], choice: Any, call_id: str) -> _Choice:
         named = choice.get("function", {}).get("name") if isinstance(choice, dict) else None

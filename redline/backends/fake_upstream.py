@@ -18,6 +18,18 @@ prompt's longest held run of blocks is its cache hit (reported in `usage` as
 `prompt_tokens_details.cached_tokens`, and summed in `/stats` as `prompt_tokens` and
 `cached_tokens`), and `prefill_per_token` is paid for the other prompt tokens only.
 
+Continuations (stream migration, routing/migrate.py): a chat request whose last message
+is the assistant's with `continue_final_message: true` (vLLM's and SGLang's field;
+`add_generation_prompt` must then be false, as vLLM requires), or any final assistant
+message with `prefill_assistant` (llama.cpp server's default), is answered with the rest
+of the answer to the messages before it: the pieces the assistant message already holds
+are not sent again. With `numbered`, the plain answer is "t1 t2 t3 ..." (a lost or
+repeated piece shows) and a text completion whose prompt ends with the answer's first
+pieces continues after them. `die_at`: a stream is cut (the connection dropped, no
+[DONE], like an engine killed mid-generation) just before its answer's piece number
+`die_at` + 1, unless the stream began past it (a continuation goes on); a request that
+is not streamed is answered whole.
+
     python -m redline.backends.fake_upstream --port 9001 --ttft 0.1 --tpot 0.01 --capacity 8
 """
 
@@ -67,6 +79,9 @@ class UpstreamSpec:
     cached_tokens: int | None = None  # reported as usage.prompt_tokens_details.cached_tokens
     prefix_cache_blocks: int = 0  # 0: no prefix cache simulated
     block_tokens: int = 16
+    numbered: bool = False  # "t1 t2 ..." rather than "tok tok ..."
+    die_at: int = 0  # cut a stream after its answer's first `die_at` pieces (0: never)
+    prefill_assistant: bool = False  # a final assistant message is continued (llama.cpp)
 
 
 @dataclass
@@ -79,6 +94,12 @@ class Stats:
     max_active: int = 0
     prompt_tokens: int = 0
     cached_tokens: int = 0  # prompt tokens found in the simulated prefix cache
+    died: int = 0  # streams cut by `die_at`
+    continued: int = 0  # continuations answered
+
+
+class _Died(Exception):
+    """Raised inside a streamed body: the server drops the connection mid-answer."""
 
 
 def create_upstream(spec: UpstreamSpec, name: str = "fake-upstream") -> Starlette:
@@ -117,6 +138,12 @@ def create_upstream(spec: UpstreamSpec, name: str = "fake-upstream") -> Starlett
         if spec.max_tokens_cap:
             n = min(n, spec.max_tokens_cap)
         words = prompt_words(body, chat)
+        base, prefix = _continuation(body, chat, spec)
+        if chat and base is not body and body.get("add_generation_prompt", True):
+            return JSONResponse({"error": {  # vLLM's refusal of both at once
+                "message": "Cannot set both `continue_final_message` and "
+                           "`add_generation_prompt` to True.",
+                "type": "BadRequestError", "param": None, "code": 400}}, status_code=400)
         cached = 0
         if cache is not None:  # the simulated engine's prefix cache
             blocks = _token_blocks(_prompt_tokens(body, chat), spec.block_tokens)
@@ -124,18 +151,32 @@ def create_upstream(spec: UpstreamSpec, name: str = "fake-upstream") -> Starlett
             cache.add(blocks)
         stats.prompt_tokens += words
         stats.cached_tokens += cached
-        answer = Answer(body, chat, n, words, cached if cache is not None else spec.cached_tokens,
-                        f"call_{rng.getrandbits(48):012x}")
+        start = 0  # answer pieces sent before (by another replica): a continuation
+        if base is not body or (spec.numbered and not chat):
+            # room for every piece the prefix may hold (each is at least one character)
+            room = n + len(prefix if chat else str(body.get("prompt") or ""))
+            answer = Answer(base, chat, room, words, cached if cache is not None else
+                            spec.cached_tokens, f"call_{rng.getrandbits(48):012x}", spec.numbered)
+            skip = answer.suffix_steps(str(body.get("prompt") or "")) if not chat else 0
+            start = answer.continued(prefix if chat else "".join(
+                str(p) for p, _ in answer.choices[0].steps[:skip]), n)
+            if start or base is not body:
+                stats.continued += 1
+        else:
+            answer = Answer(body, chat, n, words, cached if cache is not None else spec.cached_tokens,
+                            f"call_{rng.getrandbits(48):012x}", spec.numbered)
         ttft = spec.ttft.draw(rng) + spec.prefill_per_token * max(0, words - cached)
         tpots = [spec.tpot.draw(rng) for _ in range(max(0, answer.steps - 1))]
-        gen = _events(answer, ttft, tpots)
+        gen = _events(answer, ttft, tpots, start if body.get("stream") else None)
         if not body.get("stream"):
             async for _ in gen:
                 pass
             return JSONResponse(answer.whole())
         return StreamingResponse(gen, media_type="text/event-stream")
 
-    async def _events(answer: Answer, ttft: float, tpots: list[float]) -> Any:
+    async def _events(answer: Answer, ttft: float, tpots: list[float],
+                      start: int | None = 0) -> Any:
+        """`start`: answer pieces sent before this stream (None: not streamed, never cut)."""
         finished = False
         async with slots:
             stats.active += 1
@@ -145,6 +186,9 @@ def create_upstream(spec: UpstreamSpec, name: str = "fake-upstream") -> Starlett
                 for i in range(answer.steps):
                     if i:
                         await asyncio.sleep(tpots[i - 1])
+                    if spec.die_at and start is not None and start < spec.die_at == start + i:
+                        stats.died += 1
+                        raise _Died(f"died after {spec.die_at} pieces")
                     for chunk in answer.step(i):
                         yield f"data: {json.dumps(chunk)}\n\n"
                 for chunk in answer.tail():
@@ -175,6 +219,21 @@ def create_upstream(spec: UpstreamSpec, name: str = "fake-upstream") -> Starlett
     ])
     app.state.stats = stats
     return app
+
+
+def _continuation(body: dict[str, Any], chat: bool,
+                  spec: UpstreamSpec) -> tuple[dict[str, Any], str]:
+    """(the request whose answer is continued, the text already generated): for a chat
+    continuation, the body without its final assistant message; else the body itself."""
+    messages = body.get("messages") or []
+    if not chat or not messages or messages[-1].get("role") != "assistant":
+        return body, ""
+    if not (body.get("continue_final_message") or spec.prefill_assistant):
+        return body, ""
+    base = {k: v for k, v in body.items()
+            if k not in ("continue_final_message", "add_generation_prompt")}
+    base["messages"] = messages[:-1]
+    return base, str(messages[-1].get("content") or "")
 
 
 def _prompt_tokens(body: dict[str, Any], chat: bool) -> list[str]:
@@ -209,13 +268,17 @@ def main() -> None:
     p.add_argument("--prefix-cache-blocks", type=int, default=0,
                    help="simulate a prefix cache of this many blocks (0: none)")
     p.add_argument("--block-tokens", type=int, default=16)
+    p.add_argument("--numbered", action="store_true", help='answer "t1 t2 ..." (not "tok tok")')
+    p.add_argument("--die-at", type=int, default=0,
+                   help="cut every stream after its answer's first N pieces (0: never)")
     p.add_argument("--prefill-per-token", type=float, default=0.0,
                    help="seconds of TTFT per prompt token not in the prefix cache")
     a = p.parse_args()
     spec = UpstreamSpec(ttft=Dist(a.ttft, a.ttft_jitter, a.slow_p, a.slow), tpot=Dist(a.tpot, a.tpot_jitter),
                         prefill_per_token=a.prefill_per_token,
                         capacity=a.capacity, fail_rate=a.fail_rate, seed=a.seed,
-                        prefix_cache_blocks=a.prefix_cache_blocks, block_tokens=a.block_tokens)
+                        prefix_cache_blocks=a.prefix_cache_blocks, block_tokens=a.block_tokens,
+                        numbered=a.numbered, die_at=a.die_at)
     uvicorn.run(create_upstream(spec), host=a.host, port=a.port, log_level="warning", access_log=False)
 
 

@@ -16,6 +16,7 @@ from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Sequence
 
 from redline.backends.base import Backend, BackendInfo
+from redline.backends.continuation import Mode
 from redline.backends.placement import Policy, Weights, affinity, rank
 from redline.backends.prefix_index import PrefixIndex, prompt_text, text_blocks
 from redline.config import PlacementConfig
@@ -48,6 +49,9 @@ class PoolBackend:
         self.sessions: OrderedDict[str, int] = OrderedDict()  # key -> replica position
         self._turn = itertools.count()
         self._memo: OrderedDict[str, list[bytes]] = OrderedDict()
+        # how a stream whose replica dies continues on another (routing/migrate.py)
+        self.migrate: Mode = (cfg.migrate if cfg.migrate != "auto" else
+                              "text_only" if first.kind == "local" else "continue_final_message")
 
     # -- choosing -------------------------------------------------------------------
 

@@ -35,6 +35,14 @@ class Breakers:
         brk = self._breakers.get(name)
         return brk is not None and brk.is_open
 
+    def failed(self, name: str) -> None:
+        """A call that had begun well failed later (an upstream that died mid-stream)."""
+        brk = self.of(name)
+        was_open = brk.opened_at is not None
+        brk.failure()
+        if self.on_change is not None and (brk.opened_at is not None) != was_open:
+            self.on_change(name, True)
+
     def guard(self, name: str) -> _Guard:
         """Wrap the part of a call that decides success (up to the first token):
         `async with breakers.guard(name):`. Raises BackendError at once when the breaker

@@ -35,6 +35,7 @@ from redline.routing.capabilities import Capabilities, required
 from redline.routing.classifier import Classifier, Decision
 from redline.routing.estimates import Estimates, Prediction, slowdown_of
 from redline.routing.hedge import Opened, hedged
+from redline.routing.migrate import Migration
 from redline.routing.names import AUTO, check_model, resolve_model
 from redline.routing.planner import Plan, plan
 from redline.telemetry.metrics import Metrics
@@ -257,7 +258,8 @@ class Router:
             if self.slo:
                 self.admission.release(tier)
             raise
-        rest = _Tail(self, tier, call, plan.request.arrival)
+        rest = _Tail(self, tier, call, plan.request.arrival,
+                     Migration(self, model, plan.request, call.replica))
         return Routed(model, tier, call.first, rest, was_hedged, attempts, plan.degraded,
                       plan.route_s)
 
@@ -364,14 +366,19 @@ class Router:
 
 class _Tail:
     """The chunks after the first. Closing it (or finishing it) closes the upstream call
-    and settles the books exactly once, even if it was never iterated."""
+    and settles the books exactly once, even if it was never iterated. When the replica
+    fails mid-stream, the stream moves to another one where it can (routing/migrate.py)."""
 
-    def __init__(self, router: Router, tier: str, call: _Call, arrival: float) -> None:
+    def __init__(self, router: Router, tier: str, call: _Call, arrival: float,
+                 migration: Migration | None = None) -> None:
         self.router, self.tier, self.call, self.arrival = router, tier, call, arrival
         self.tokens = call.first.tokens
         self.done = call.first.finish_reason is not None
         self.ok = self.done and call.first.finish_reason != "error"
         self.closed = False
+        self.migration = migration
+        if migration is not None:
+            migration.seen(call.first)
 
     def __aiter__(self) -> _Tail:
         return self
@@ -386,13 +393,44 @@ class _Tail:
             self.done = self.ok = True
             await self.aclose()
             raise
+        except InvalidRequest:
+            await self.aclose()
+            raise
+        except RedlineError as exc:  # the engine stopped mid-stream
+            moved = await self._move(exc.message)
+            if moved is None:
+                await self.aclose()
+                raise
+            chunk = moved
         except BaseException:
             await self.aclose()
             raise
+        if chunk.finish_reason == "error":
+            chunk = await self._move(chunk.error or "failed") or self._failed(chunk)
+        if self.migration is not None:
+            self.migration.seen(chunk)
         self.tokens += chunk.tokens
         if chunk.finish_reason is not None:
             self.done = True
             self.ok = chunk.finish_reason != "error"
+        return chunk
+
+    async def _move(self, error: str) -> Chunk | None:
+        """The first chunk of the stream's rest on another replica (None: it stays)."""
+        m = self.migration
+        if m is None:
+            return None
+        failed = self.call
+        moved = await m.move(failed, error)
+        if moved is None:
+            return Chunk(finish_reason="length") if m.complete() else None
+        await aclose(failed.rest)
+        self.call = moved
+        return moved.first
+
+    def _failed(self, chunk: Chunk) -> Chunk:
+        if self.migration is not None:
+            chunk.error = self.migration.failure(chunk.error or "failed")
         return chunk
 
     async def aclose(self) -> None:

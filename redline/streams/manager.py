@@ -44,6 +44,7 @@ from redline.streams.history import LengthHistory
 from redline.streams.journal import Journal, StreamMeta, is_done
 from redline.streams.live import LiveStream
 from redline.streams.progress import Progress
+from redline.streams.takeover import ALIVE_TTL_S, Handover
 from redline.telemetry.metrics import Metrics
 from redline.types import GenerationRequest
 
@@ -138,6 +139,19 @@ class StreamManager:
                 asyncio.get_running_loop().call_later(
                     self.cfg.journal_ttl_s, self.live.pop, live.id, None)
 
+    @property
+    def handover(self) -> Handover:
+        return Handover(self.journal.store, self.cfg.journal_ttl_s)
+
+    def adopt(self, stream_id: str, journaled: list[bytes], events: AsyncIterator[bytes],
+              tenant: str) -> LiveStream:
+        """Produce the rest of a stream whose gateway died (streams/takeover.py): its
+        journalled events first (already in the store), then `events`, numbered on; the
+        first group write names this replica its owner."""
+        live = self.start(stream_id, events, tenant=tenant, first=journaled)
+        live.journaled = len(journaled)
+        return live
+
     def _settle(self, live: LiveStream, journaled: bool) -> None:
         self._journaling.pop(live.id, None)
         if live.journal_done is not None and not live.journal_done.done():
@@ -150,8 +164,11 @@ class StreamManager:
         one's last write records its length."""
         loop = asyncio.get_running_loop()
         ask_every = max(self.cfg.journal_flush_s, WANTED_POLL_S)
-        next_ask = 0.0
+        next_ask = next_beat = 0.0
         while self._journaling:
+            if self.cfg.journal_live and loop.time() >= next_beat:  # alive: nobody takes over
+                next_beat = loop.time() + ALIVE_TTL_S / 3
+                await self.handover.beat(self.owner)
             if loop.time() >= next_ask:  # a store round trip: not at every group write
                 next_ask = loop.time() + ask_every
                 for stream_id in await self.journal.take_wanted(self.owner):
@@ -166,7 +183,7 @@ class StreamManager:
                 # a stream read here is journalled when it ends (one segment); one that
                 # nobody reads here any more (its client left, maybe to resume on
                 # another replica), or that another replica follows, as it goes
-                going = live.left_at is not None or live.wanted
+                going = live.left_at is not None or live.wanted or self.cfg.journal_live
                 n = len(live.events) if finished or going else live.journaled
                 if n > live.journaled:
                     appends.append((live.id, live.events[live.journaled:n]))
