@@ -40,7 +40,8 @@ class LocalBackend:
         self.engine = Engine(self.model, n_ctx_per_seq=self.cfg.n_ctx, n_seq_max=self.cfg.n_seq_max,
                              n_batch=self.cfg.n_batch, n_threads=self.cfg.n_threads,
                              prefix_reuse=self.cfg.prefix_reuse, arbiter=self.arbiter,
-                             name=cfg.name, cache_cells=self._cache_cells())
+                             name=cfg.name, cache_cells=self._cache_cells(),
+                             tiers=cfg.scheduling == "priority", prefill_slack=cfg.prefill_slack)
 
     def _cache_cells(self) -> int:
         """Idle slots' cached prefixes, bounded: every step attends over the cells in use."""
@@ -88,7 +89,8 @@ class LocalBackend:
             )
         if not tokens:
             tokens = self.model.tokenize(" ", add_special=True)
-        async for chunk in self.engine.generate(tokens, request.sampling, request.id):
+        async for chunk in self.engine.generate(tokens, request.sampling, request.id,
+                                                request.tier, request.presence):
             if chunk.timings is not None:
                 chunk.timings.add("tokenize", tokenize_s)
             yield chunk
