@@ -130,7 +130,8 @@ async def serve(services: Services, request: Request,
         except BaseException:  # cancelled while a first chunk without text waits for more
             await aclose(events)  # closes the chunks: frees the upstream or engine sequence
             raise
-        live = streams.start(stream_id, events, tenant=gen.tenant, first=first)
+        live = streams.start(stream_id, events, tenant=gen.tenant, first=first,
+                             presence=gen.presence)
         through = WriteThrough()  # the producer writes the tokens once the response is under way
         return sse.EventStream(streams.follow(live, through=through), headers=headers,
                                first_ready=bool(first), on_started=through.offer)

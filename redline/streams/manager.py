@@ -45,7 +45,7 @@ from redline.streams.journal import Journal, StreamMeta, is_done
 from redline.streams.live import LiveStream, WriteThrough
 from redline.streams.progress import Progress
 from redline.telemetry.metrics import Metrics
-from redline.types import GenerationRequest
+from redline.types import GenerationRequest, Presence
 
 log = logging.getLogger(__name__)
 
@@ -87,11 +87,13 @@ class StreamManager:
 
     # ---- producing ------------------------------------------------------------
     def start(self, stream_id: str, events: AsyncIterator[bytes],
-              tenant: str = "anonymous", first: list[bytes] | None = None) -> LiveStream:
+              tenant: str = "anonymous", first: list[bytes] | None = None,
+              presence: Presence | None = None) -> LiveStream:
         """Run `events` (the encoded SSE events of one completion) to the end, or until
         abandoned. Returns at once; read it with `follow`. `first`: events the caller
-        already took from `events` (they are the stream's first ones)."""
-        live = LiveStream(stream_id, tenant)
+        already took from `events` (they are the stream's first ones). `presence`: the
+        request's flag, set while nobody reads here (an engine lets such work yield)."""
+        live = LiveStream(stream_id, tenant, presence)
         for event in first or ():
             live.push(event)
         self.live[stream_id] = live
