@@ -190,3 +190,20 @@ def test_a_cancelled_preempted_sequence_leaves_the_queue(loop):
     b.cancel()
     assert s.reap_cancelled() == [b]
     assert b not in s.waiting and b.state is SeqState.FINISHED
+
+
+def test_after_16_abandoned_streams_a_fresh_request_starts_in_the_next_step(loop):
+    s = Scheduler(n_seq_max=8, n_batch=512)
+    away = Presence()
+    abandoned = [make(loop, range(10 * i, 10 * i + 10), f"gone{i}", "A", presence=away)
+                 for i in range(16)]
+    for q in abandoned:
+        s.add(q)
+    for _ in range(3):
+        run_step(s)
+    away.gone = True  # every one of their clients left
+    fresh = make(loop, [1, 2, 3], "fresh", "B")
+    s.add(fresh)
+    batch = run_step(s)
+    assert fresh.state is SeqState.RUNNING and s.preemptions == 1
+    assert any(seq is fresh for seq, _ in batch.samplers)  # its first token, this step
