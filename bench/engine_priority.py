@@ -62,18 +62,21 @@ def admission() -> Admission:
                      dict(cfg.shed_at))
 
 
-async def serve(engine: Engine, tokens: list[int], tier: str) -> tuple[float, float]:
+async def serve(engine: Engine, tokens: list[int], tier: str,
+                scale: float = 1.0) -> tuple[float, float]:
     """(TTFT, total) seconds."""
     t0 = time.perf_counter()
     ttft = None
-    sampling = SamplingParams(max_tokens=MAX_TOKENS[tier], temperature=0.0, ignore_eos=True)
+    sampling = SamplingParams(max_tokens=max(1, int(MAX_TOKENS[tier] * scale)),
+                              temperature=0.0, ignore_eos=True)
     async for chunk in engine.generate(tokens, sampling, tier=tier):
         if ttft is None and chunk.tokens:
             ttft = time.perf_counter() - t0
     return (ttft or time.perf_counter() - t0), time.perf_counter() - t0
 
 
-async def capacity(engine: Engine, prompts: dict[str, list[int]], n_seq: int, n: int) -> float:
+async def capacity(engine: Engine, prompts: dict[str, list[int]], n_seq: int, n: int,
+                   scale: float) -> float:
     """Completions per second of the mix, `n_seq` at a time."""
     plan = schedule(n, 1.0, seed=99)
     queue = list(plan)
@@ -82,14 +85,14 @@ async def capacity(engine: Engine, prompts: dict[str, list[int]], n_seq: int, n:
     async def worker() -> None:
         while queue:
             _, tier, q = queue.pop()
-            await serve(engine, prompts[q], tier)
+            await serve(engine, prompts[q], tier, scale)
 
     await asyncio.gather(*(worker() for _ in range(n_seq)))
     return n / (time.perf_counter() - t0)
 
 
 async def run(engine: Engine, prompts: dict[str, list[int]],
-              plan: list[tuple[float, str, str]]) -> dict[str, object]:
+              plan: list[tuple[float, str, str]], scale: float) -> dict[str, object]:
     adm = admission()
     ttft: dict[str, list[float]] = {"S": [], "A": [], "B": []}
     start = time.perf_counter()
@@ -102,7 +105,7 @@ async def run(engine: Engine, prompts: dict[str, list[int]],
         except Overloaded:
             return
         try:
-            first, _ = await serve(engine, prompts[q], tier)
+            first, _ = await serve(engine, prompts[q], tier, scale)
             ttft[tier].append(first)
         finally:
             adm.release(tier)
@@ -119,6 +122,8 @@ async def main() -> None:
     ap.add_argument("--seed", type=int, default=23)
     ap.add_argument("--n-seq", type=int, default=8)
     ap.add_argument("--calibrate", type=int, default=16, help="requests to measure capacity")
+    ap.add_argument("--answer-scale", type=float, default=1.0,
+                    help="answers' lengths times this (a quick check: 0.25)")
     ap.add_argument("--weights", default="auto")
     ap.add_argument("--threads", type=int, default=0)
     args = ap.parse_args()
@@ -131,12 +136,12 @@ async def main() -> None:
                for q in QUESTIONS}
     results = {}
     try:
-        cap = await capacity(engine, prompts, args.n_seq, args.calibrate)
+        cap = await capacity(engine, prompts, args.n_seq, args.calibrate, args.answer_scale)
         plan = schedule(args.requests, args.load * cap, args.seed)
         print(f"capacity {cap:.2f} req/s; arrivals at {args.load * cap:.2f} req/s", file=sys.stderr)
         for policy in ("fcfs", "priority"):
             engine.scheduler.tiers = policy == "priority"
-            results[policy] = await run(engine, prompts, plan)
+            results[policy] = await run(engine, prompts, plan, args.answer_scale)
             print(f"{policy}: done in {results[policy]['wall']:.0f} s", file=sys.stderr)
     finally:
         engine.close()
@@ -144,7 +149,7 @@ async def main() -> None:
     counts = {t: sum(1 for _, tier, _ in plan if tier == t) for t in "SAB"}
     print(f"\n{args.requests} requests (S/A/B {counts['S']}/{counts['A']}/{counts['B']}, seed "
           f"{args.seed}) at {args.load}x capacity ({cap:.2f} req/s measured), {path.name}, "
-          f"n_seq_max {args.n_seq}\n")
+          f"n_seq_max {args.n_seq}, answers x{args.answer_scale}\n")
     print("| engine policy | tier-S TTFT p50 | tier-S TTFT p99 | tier-A TTFT p99 | tier-B TTFT p99 "
           "| shed S/A/B | preemptions |")
     print("|---|---|---|---|---|---|---|")

@@ -207,3 +207,18 @@ def test_after_16_abandoned_streams_a_fresh_request_starts_in_the_next_step(loop
     batch = run_step(s)
     assert fresh.state is SeqState.RUNNING and s.preemptions == 1
     assert any(seq is fresh for seq, _ in batch.samplers)  # its first token, this step
+
+
+def test_model_config_scheduling_fields():
+    from pydantic import ValidationError
+
+    from redline.config import ModelConfig
+
+    cfg = ModelConfig(name="m", bundled="smollm2-135m-instruct")
+    assert (cfg.scheduling, cfg.prefill_slack, cfg.upstream_priority) == ("priority", 0.5, "off")
+    fixed = ModelConfig(name="m", bundled="smollm2-135m-instruct", scheduling="fcfs",
+                        prefill_slack=None)
+    assert fixed.scheduling == "fcfs" and fixed.prefill_slack is None
+    for bad in ({"scheduling": "lifo"}, {"prefill_slack": 0}, {"upstream_priority": "yes"}):
+        with pytest.raises(ValidationError):
+            ModelConfig(name="m", bundled="smollm2-135m-instruct", **bad)
