@@ -113,6 +113,20 @@ class ModelConfig(_Section):
         None, ge=0, description="KV cells that idle sequences keep for prefix reuse, all together; "
         "past it the least recently used are forgotten first. None: n_ctx (one context's worth)")
     size_rank: int = Field(1, description="1 = smallest; routing orders models by it")
+    scheduling: Literal["priority", "fcfs"] = Field(
+        "priority", description="local: 'priority' prefills tier S before waiting A and B work, "
+        "and under pressure a tier-B sequence gives its slot to a tier-S one (preempted, it is "
+        "recomputed later and its stream goes on); 'fcfs': first come, first served. Either way "
+        "a stream nobody reads (its client left) yields its slot to one that somebody does")
+    prefill_slack: float | None = Field(
+        0.5, gt=0, description="local: while streams decode, a step carries only the prompt "
+        "tokens that fit in this share of a decode-only step (measured), so their inter-token "
+        "latency stays within (1 + slack)x their TPOT; None: the rest of n_batch every step")
+    upstream_priority: Literal["off", "lower-first", "higher-first"] = Field(
+        "off", description="openai: the engine runs with priority scheduling (vLLM "
+        "`--scheduling-policy priority`: lower-first; SGLang `--enable-priority-scheduling`: "
+        "higher-first unless `--schedule-low-priority-values-first`); the request's tier is "
+        "sent as its `priority` field (S before A before B). 'off': no field is added")
     # openai: a remote OpenAI-compatible engine
     url: str | None = None
     urls: list[str] = Field(default_factory=list, description="replicas of one model: a pool, "

@@ -72,6 +72,18 @@ def new_id(prefix: str) -> str:
     return f"{prefix}-{_random.take(12).hex()}"
 
 
+class Presence:
+    """Whether anyone reads a request's answer now. The streams layer sets `gone` while a
+    stream's client is away (it generates on for a resume) and clears it when one comes
+    back; the embedded engine reads it: such a sequence gives its slot to anyone who
+    waits, and continues later (engine/scheduler.py). A flag passed down, not a callback."""
+
+    __slots__ = ("gone",)
+
+    def __init__(self) -> None:
+        self.gone = False
+
+
 @dataclass(frozen=True)
 class ContentPart:
     """One part of a message's content: `text`, `image_url` (a URL or a data: URL), or
@@ -189,6 +201,8 @@ class GenerationRequest:
     # the client's fields that redline does not model: a remote engine gets them unchanged
     extra: Extra = NO_EXTRA
     arrival: float = field(default_factory=time.perf_counter)
+    # shared by its copies (routing replaces fields): set while nobody reads the answer
+    presence: Presence = field(default_factory=Presence, compare=False, repr=False)
 
     @property
     def is_chat(self) -> bool:

@@ -122,3 +122,28 @@ async def test_pool_sends_to_the_least_outstanding_replica() -> None:
     picks = {id(pool.pick()) for _ in range(4)}
     assert picks == {id(a), id(b)}  # ties alternate
     assert pool.pick(exclude=[a]) is b and pool.pick(usable=lambda r: r is a) is a
+
+
+async def last_body(url: str) -> dict[str, Any]:
+    async with httpx.AsyncClient() as c:
+        return (await c.get(f"{url}/last")).json()  # type: ignore[no-any-return]
+
+
+@pytest.mark.parametrize(("setting", "sent"), [
+    ("off", {"S": None, "B": None}),
+    ("lower-first", {"S": 0, "B": 2}),  # vLLM --scheduling-policy priority
+    ("higher-first", {"S": 2, "B": 0}),  # SGLang --enable-priority-scheduling
+])
+async def test_tier_goes_upstream_as_priority_only_when_configured(live_app: Any, setting: str,
+                                                                   sent: dict[str, Any]) -> None:
+    up = live_app(create_upstream(UpstreamSpec(ttft=Dist(0.001), tpot=Dist(0.001))))
+    cfg = ModelConfig(name="m", backend="openai", url=up.url, upstream_priority=setting)
+    b = from_config(cfg)
+    for tier, value in sent.items():
+        req = chat(2)
+        req.tier = tier  # type: ignore[assignment]
+        req.extra = {"priority": 99}  # a client's own does not outrank its tier
+        _ = [c async for c in b.stream(req)]
+        body = await last_body(up.url)
+        assert body.get("priority") == (99 if value is None else value)
+    await b.close()

@@ -237,3 +237,13 @@ async def test_a_due_breaker_lets_one_probe_through_at_a_time() -> None:
     async with b.guard("x"):
         assert b.is_open("x")  # the probe is in flight: the others wait
     assert not b.is_open("x")  # it succeeded: closed
+
+
+async def test_the_backend_gets_the_tier_it_is_served_in(two: dict[str, FakeBackend]) -> None:
+    """The embedded engine orders its work by tier (S first): the planned request carries
+    the tier decided here, and shares the original's presence flag (streams set it)."""
+    r = await router(two, rules=[RouteRule(match="urgent", tier="S")])
+    asked = req("urgent: what is 2 + 2?")
+    plan = r.plan(asked)
+    assert asked.tier is None and plan.tier == "S" and plan.request.tier == "S"
+    assert plan.request.presence is asked.presence and plan.request.id == asked.id

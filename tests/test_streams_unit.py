@@ -20,7 +20,7 @@ from redline.streams import StreamManager
 from redline.streams.history import LengthHistory, Prediction
 from redline.streams.progress import Progress
 from redline.telemetry.metrics import Metrics
-from redline.types import GenerationRequest, Message, SamplingParams
+from redline.types import GenerationRequest, Message, Presence, SamplingParams
 
 
 def _req(text: str = "Tell me about the sea", max_tokens: int = 100) -> GenerationRequest:
@@ -137,6 +137,22 @@ async def test_follow_then_resume_gives_the_same_bytes_as_one_read():
     assert not src.closed_early
     assert m.metrics.stream_resumes._value.get() == 2
     assert m.metrics.stream_interruptions._value.get() == 1
+
+
+async def test_a_stream_nobody_reads_marks_its_request_for_the_engine_to_yield():
+    """The presence flag the engine reads (engine/scheduler.py): gone while the client is
+    away and the stream generates on for a resume, back when a resume follows it."""
+    m = _manager(grace=5)
+    src = Source(40, delay=0.005)
+    presence = Presence()
+    live = m.start("strm-x", src.events(), presence=presence)
+    await _collect(m.follow(live), limit=3)  # the client reads three events and leaves
+    assert presence.gone and not live.done
+    resumed = m.follow(live, 3)
+    await resumed.__anext__()
+    assert not presence.gone  # a reader is back: it keeps its slot
+    rest = await _collect(resumed)
+    assert rest[-1].endswith(b"[DONE]\n\n") and not presence.gone
 
 
 class CountingStore(MemoryStore):

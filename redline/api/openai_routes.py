@@ -137,7 +137,8 @@ async def serve(services: Services, request: Request,
         if streams.cfg.journal_live:  # kept for another gateway, should this one die
             events = stream_takeover.kept(services, stream_id, stream_takeover.handed(
                 body, gen, gen_kind, completion.model), events)
-        live = streams.start(stream_id, events, tenant=gen.tenant, first=first)
+        live = streams.start(stream_id, events, tenant=gen.tenant, first=first,
+                             presence=gen.presence)
         return sse.EventStream(streams.follow(live), headers=headers, first_ready=bool(first))
     encoder = ChunkEncoder(gen_kind, gen.id, completion.model)  # type: ignore[arg-type]
     got = [chunk async for chunk in completion.chunks]

@@ -45,7 +45,8 @@ class LocalBackend:
         self.engine = Engine(self.model, n_ctx_per_seq=self.cfg.n_ctx, n_seq_max=self.cfg.n_seq_max,
                              n_batch=self.cfg.n_batch, n_threads=self.cfg.n_threads,
                              prefix_reuse=self.cfg.prefix_reuse, arbiter=self.arbiter,
-                             name=cfg.name, cache_cells=self._cache_cells())
+                             name=cfg.name, cache_cells=self._cache_cells(),
+                             tiers=cfg.scheduling == "priority", prefill_slack=cfg.prefill_slack)
 
     def _cache_cells(self) -> int:
         """Idle slots' cached prefixes, bounded: every step attends over the cells in use."""
@@ -102,7 +103,8 @@ class LocalBackend:
         engine = self.engine
 
         def start(index: int, sampling: SamplingParams) -> AsyncIterator[Chunk]:
-            chunks = engine.generate(tokens, sampling, request.id if index == 0 else None)
+            chunks = engine.generate(tokens, sampling, request.id if index == 0 else None,
+                                     request.tier, request.presence)
             if prepared.parse_tools:
                 chunks = with_tool_calls(chunks, ToolCallParser(request.tools))
             return chunks

@@ -34,14 +34,18 @@ from redline.errors import BackendError, ContextLengthExceeded, InvalidRequest
 from redline.types import Chunk, GenerationRequest, StageTimings, Usage
 
 _TRANSPORT_ERRORS = (OSError, asyncio.TimeoutError, UpstreamTimeout, httptools.HttpParserError)
+# `priority` per tier, S first: vLLM serves lower values first, SGLang higher by default
+PRIORITY = {"lower-first": {"S": 0, "A": 1, "B": 2}, "higher-first": {"S": 2, "A": 1, "B": 0}}
 
 
 class OpenAICompatBackend:
     def __init__(self, name: str, url: str, *, upstream_model: str | None = None,
                  api_key: str | None = None, context_length: int = 4096, size_rank: int = 1,
                  connect_timeout_s: float = 2.0, ttft_timeout_s: float = 30.0,
-                 read_timeout_s: float = 60.0) -> None:
+                 read_timeout_s: float = 60.0, priority: str = "off") -> None:
         self.info = BackendInfo(name, "openai", context_length, size_rank)
+        # the engine schedules by priority (config `upstream_priority`): tier -> its value
+        self.priority = PRIORITY.get(priority)
         self.base = url.rstrip("/")
         if not self.base.endswith("/v1"):
             self.base += "/v1"
@@ -64,6 +68,8 @@ class OpenAICompatBackend:
     async def stream(self, request: GenerationRequest) -> AsyncIterator[Chunk]:
         # one generator from the socket to the chunk: every layer is a hop per token
         path, body = request_body(request, self.upstream_model)
+        if self.priority is not None and request.tier is not None:
+            body["priority"] = self.priority[request.tier]  # the tier redline grants wins
         data = json.dumps(body).encode()
         t0 = time.perf_counter()
         self.inflight += 1
@@ -239,7 +245,8 @@ def from_config(cfg: ModelConfig) -> Backend:
                                     api_key=cfg.api_key, context_length=cfg.n_ctx,
                                     size_rank=cfg.size_rank, connect_timeout_s=cfg.connect_timeout_s,
                                     ttft_timeout_s=cfg.ttft_timeout_s,
-                                    read_timeout_s=cfg.read_timeout_s)
+                                    read_timeout_s=cfg.read_timeout_s,
+                                    priority=cfg.upstream_priority)
                 for url in cfg.replica_urls()]
     if len(replicas) == 1:
         return replicas[0]

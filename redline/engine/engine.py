@@ -7,7 +7,9 @@ engines: two engines never run their llama.cpp thread teams on the same cores at
 
 Requests enter from any thread or event loop through `generate()`, an async
 iterator of `Chunk`s; closing the iterator cancels the sequence, and the slot is
-free before the next step.
+free before the next step. A sequence that the scheduler preempts (a tier-S request
+needed its slot, or nobody reads it) keeps its iterator: its chunks stop for a while
+and go on where they were.
 """
 
 from __future__ import annotations
@@ -19,12 +21,13 @@ import time
 from collections.abc import AsyncIterator
 
 from redline.engine.arbiter import StepArbiter
+from redline.engine.budget import PrefillBudget
 from redline.engine.llama import LlamaModel, LlamaRunner
 from redline.engine.sampling import token_logprobs
 from redline.engine.scheduler import ScheduledBatch, Scheduler
 from redline.engine.sequence import Sequence
 from redline.errors import EngineDead
-from redline.types import Chunk, SamplingParams, StageTimings, Usage, new_id
+from redline.types import Chunk, Presence, SamplingParams, StageTimings, Usage, new_id
 
 log = logging.getLogger(__name__)
 
@@ -32,11 +35,14 @@ log = logging.getLogger(__name__)
 class Engine:
     def __init__(self, model: LlamaModel, *, n_ctx_per_seq: int, n_seq_max: int, n_batch: int,
                  n_threads: int, prefix_reuse: bool = True, arbiter: StepArbiter | None = None,
-                 name: str = "engine", cache_cells: int | None = None) -> None:
+                 name: str = "engine", cache_cells: int | None = None, tiers: bool = True,
+                 prefill_slack: float | None = 0.5) -> None:
         self.model = model
         self.n_ctx_per_seq = n_ctx_per_seq
         self.runner = LlamaRunner(model, n_ctx_per_seq, n_seq_max, n_batch, n_threads)
-        self.scheduler = Scheduler(n_seq_max, n_batch, prefix_reuse, cache_cells)
+        # prefill_slack None: a fixed prefill budget (the rest of the batch every step)
+        self.scheduler = Scheduler(n_seq_max, n_batch, prefix_reuse, cache_cells, tiers,
+                                   PrefillBudget(n_batch, prefill_slack))
         self._inbox: list[Sequence] = []
         self._outbox: list[tuple[Sequence, Chunk]] = []
         self._wake = threading.Condition()
@@ -62,10 +68,14 @@ class Engine:
             self._wake.notify()
 
     async def generate(self, prompt: list[int], sampling: SamplingParams,
-                       request_id: str | None = None) -> AsyncIterator[Chunk]:
+                       request_id: str | None = None, tier: str | None = None,
+                       presence: Presence | None = None) -> AsyncIterator[Chunk]:
+        """`tier`: the order of service (S first; None: A); `presence`: tells when
+        nobody reads the answer (it then yields its slot to those who wait)."""
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[Chunk] = asyncio.Queue()
-        seq = Sequence(request_id or new_id("seq"), prompt, sampling, queue.put_nowait, loop)
+        seq = Sequence(request_id or new_id("seq"), prompt, sampling, queue.put_nowait, loop,
+                       tier=tier or "A", presence=presence)
         self.submit(seq)
         try:
             while True:
@@ -136,9 +146,11 @@ class Engine:
                 pass
 
     def step(self) -> None:
+        t0 = time.perf_counter()
         batch = self.scheduler.schedule()
         self._decode(batch)
         self._postprocess(batch)
+        self.scheduler.observe(batch, time.perf_counter() - t0)  # the prefill budget learns
         self.steps += 1
 
     def _drop_cancelled(self) -> None:

@@ -10,6 +10,20 @@ its sequence leaves. A new prompt takes the free slot whose cached tokens share 
 longest prefix with it, or copies the shared prefix from a running sequence
 (`seq_cp`: cells are shared in the unified KV buffer, nothing is recomputed).
 
+Order (with `tiers`, the default): a tier-S sequence is admitted and prefilled before
+waiting A and B work. Under pressure (no free slot) a waiting S takes the slot of a
+running B, and a waiting request whose client reads takes the slot of a stream nobody
+reads now (its client left; it generates on for a resume): preempt and continue, as
+vLLM's priority preemption does. The preempted sequence keeps its generated token ids
+and its sampler; its slot becomes a free slot (its cells are reused or forgotten like
+any cached prefix), and when it is admitted again its prompt and output are recomputed
+as one prefill (prefix reuse finds what is still cached) and it decodes on: its client
+sees the same stream go on, later, with no token lost or repeated.
+
+Prefill budget: while streams decode, a step carries only the prompt tokens that
+`PrefillBudget` allows (engine/budget.py: the streams' inter-token latency stays near
+their TPOT); when nothing decodes, the whole batch.
+
 The cells that free slots keep for reuse are bounded (`cache_cells`): past the bound, the
 slot used longest ago is forgotten first, before the next step. Every step attends over
 the cells in use, and a full buffer fails a decode: when one fails, the engine forgets
@@ -22,8 +36,9 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
+from redline.engine.budget import PrefillBudget
 from redline.engine.llama import BatchEntry
-from redline.engine.sequence import SeqState, Sequence
+from redline.engine.sequence import TIER_RANK, SeqState, Sequence
 
 
 @dataclass
@@ -50,6 +65,7 @@ class ScheduledBatch:
     # (sequence, tokens fed this step) to append to its slot once the decode succeeds
     fed: list[tuple[Sequence, list[int]]]
     kv: KVOps
+    n_decode: int = 0  # entries that are decode tokens (the rest are prompt chunks)
 
 
 def common_prefix(a: list[int], b: list[int]) -> int:
@@ -62,12 +78,16 @@ def common_prefix(a: list[int], b: list[int]) -> int:
 
 class Scheduler:
     def __init__(self, n_seq_max: int, n_batch: int, prefix_reuse: bool = True,
-                 cache_cells: int | None = None) -> None:
+                 cache_cells: int | None = None, tiers: bool = True,
+                 budget: PrefillBudget | None = None) -> None:
         self.slots = [Slot(i) for i in range(n_seq_max)]
         self.n_batch = n_batch
         self.prefix_reuse = prefix_reuse
         self.cache_cells = cache_cells  # cells free slots may keep for reuse; None: no bound
+        self.tiers = tiers  # False: first come, first served (unread streams still yield)
+        self.budget = budget or PrefillBudget(n_batch)
         self.evictions = 0
+        self.preemptions = 0
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
 
@@ -90,11 +110,11 @@ class Scheduler:
         elif seq in self.waiting:
             self.waiting.remove(seq)
         seq.state = SeqState.FINISHED
+        seq.sampler.close()  # also one that waits (preempted): it had a sampler too
         if seq.slot is not None:
             slot = self.slots[seq.slot]
             slot.owner = None
             slot.last_used = time.perf_counter()
-            seq.sampler.close()
 
     def schedule(self) -> ScheduledBatch:
         entries: list[BatchEntry] = []
@@ -102,7 +122,9 @@ class Scheduler:
         fed: list[tuple[Sequence, list[int]]] = []
         kv = KVOps()
         self._trim(kv)
-        # 1. decode: one token for each sequence past its prompt
+        # 1. admit waiting sequences, best first, while a slot is free or one yields
+        self._admit(kv)
+        # 2. decode: one token for each sequence past its prompt
         for seq in self.running:
             if seq.in_prefill:
                 continue
@@ -110,14 +132,12 @@ class Scheduler:
             samplers.append((seq, len(entries)))
             entries.append(BatchEntry(token, seq.n_fed, seq.slot, True))  # type: ignore[arg-type]
             fed.append((seq, [token]))
-        # 2. admit waiting sequences while a slot is free
-        while self.waiting and any(s.owner is None for s in self.slots):
-            seq = self.waiting.popleft()
-            self._place(seq, kv)
-            self.running.append(seq)
-        # 3. prefill: prompt chunks, oldest first, within the token budget
-        for seq in self.running:
-            budget = self.n_batch - len(entries)
+        n_decode = len(entries)
+        # 3. prefill: prompt chunks, best first, within the step's prompt budget
+        budget = min(self.budget.tokens(n_decode), self.n_batch - n_decode)
+        order = sorted(self.running, key=lambda q: q.rank(self.tiers)) if self.tiers \
+            else self.running
+        for seq in order:
             if budget <= 0:
                 break
             if not seq.in_prefill:
@@ -125,25 +145,73 @@ class Scheduler:
             if seq.scheduled_at is None:
                 seq.scheduled_at = time.perf_counter()
             start = seq.n_fed
-            chunk = seq.prompt[start : start + budget]
-            last = start + len(chunk) == len(seq.prompt)
+            end = min(start + budget, seq.prefill_to)
+            chunk = seq.context()[start:end]
+            budget -= len(chunk)
+            last = end == seq.prefill_to
             for i, token in enumerate(chunk):
                 want = last and i == len(chunk) - 1
                 if want:
                     samplers.append((seq, len(entries)))
                 entries.append(BatchEntry(token, start + i, seq.slot, want))  # type: ignore[arg-type]
             fed.append((seq, chunk))
-        return ScheduledBatch(entries, samplers, fed, kv)
+        return ScheduledBatch(entries, samplers, fed, kv, n_decode)
+
+    def observe(self, batch: ScheduledBatch, seconds: float) -> None:
+        """A step ran in `seconds`: teach the prefill budget its costs."""
+        self.budget.observe(batch.n_decode, len(batch.entries) - batch.n_decode, seconds)
+
+    def _next_waiting(self) -> Sequence:
+        if not self.tiers and not any(q.unread for q in self.waiting):
+            return self.waiting[0]  # first come, first served
+        return min(self.waiting, key=lambda q: q.rank(self.tiers))
+
+    def _admit(self, kv: KVOps) -> None:
+        while self.waiting:
+            seq = self._next_waiting()
+            if not any(s.owner is None for s in self.slots):
+                victim = self._victim(seq)
+                if victim is None:
+                    return
+                self.preempt(victim)
+            self.waiting.remove(seq)
+            self._place(seq, kv)
+            self.running.append(seq)
+
+    def _victim(self, seq: Sequence) -> Sequence | None:
+        """The running sequence that gives its slot to waiting `seq`, if one should: a
+        stream nobody reads to one somebody does; a tier-B one to a tier-S one. The
+        lowest ranked goes, the latest arrived first among equals (it has done least)."""
+        if seq.unread:
+            return None
+        def yields(q: Sequence) -> bool:
+            return q.unread or (self.tiers and seq.tier == "S" and q.tier == "B")
+        candidates = [q for q in self.running if yields(q)]
+        if not candidates:
+            return None
+        return max(candidates, key=lambda q: (q.unread, TIER_RANK.get(q.tier, 1), q.arrival))
+
+    def preempt(self, seq: Sequence) -> None:
+        """`seq` gives its slot away and waits again, keeping its output and sampler; its
+        slot's cells stay as a free slot's cached prefix (reused if still there)."""
+        self.running.remove(seq)
+        slot = self.slots[seq.slot]  # type: ignore[index]
+        slot.owner = None
+        slot.last_used = time.perf_counter()
+        seq.preempted()
+        self.waiting.append(seq)
+        self.preemptions += 1
 
     def _place(self, seq: Sequence, kv: KVOps) -> None:
         """Give `seq` a free slot, reusing the longest cached prefix we have."""
         free = [s for s in self.slots if s.owner is None]
-        limit = len(seq.prompt) - 1  # the last prompt token must run to give logits
+        context = seq.context()
+        limit = len(context) - 1  # the last token must run to give logits
         best_free, best_free_n = min(free, key=lambda s: s.last_used), 0
         best_busy, best_busy_n = None, 0
         if self.prefix_reuse:
             for slot in self.slots:
-                n = min(common_prefix(slot.tokens, seq.prompt), limit)
+                n = min(common_prefix(slot.tokens, context), limit)
                 if slot.owner is None and n > best_free_n:
                     best_free, best_free_n = slot, n
                 elif slot.owner is not None and n > best_busy_n:
@@ -152,7 +220,7 @@ class Scheduler:
         if best_busy is not None and best_busy_n > best_free_n:
             kv.removals.append((slot.seq_id, 0))
             kv.copies.append((best_busy.seq_id, slot.seq_id, 0, best_busy_n))
-            slot.tokens = seq.prompt[:best_busy_n]
+            slot.tokens = context[:best_busy_n]
         else:
             kv.removals.append((slot.seq_id, best_free_n))
             del slot.tokens[best_free_n:]

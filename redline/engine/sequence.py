@@ -1,4 +1,4 @@
-"""One request inside the engine: its tokens, its slot, its clock."""
+"""One request inside the engine: its tokens, its slot, its clock, its rank."""
 
 from __future__ import annotations
 
@@ -11,7 +11,9 @@ from dataclasses import dataclass, field
 
 from redline.engine.detok import Detokenizer
 from redline.engine.sampling import Sampler
-from redline.types import Chunk, SamplingParams
+from redline.types import Chunk, Presence, SamplingParams
+
+TIER_RANK = {"S": 0, "A": 1, "B": 2}  # lower goes first
 
 
 class SeqState(enum.Enum):
@@ -27,12 +29,19 @@ class Sequence:
     sampling: SamplingParams
     emit: Callable[[Chunk], None]  # called on `loop`'s thread
     loop: asyncio.AbstractEventLoop
+    tier: str = "A"  # the latency tier it is served in: S before A before B
+    # set by the streams layer while nobody reads the answer (kept for a resume): it yields
+    presence: Presence | None = None
     arrival: float = field(default_factory=time.perf_counter)
     state: SeqState = SeqState.WAITING
     slot: int | None = None
     n_fed: int = 0  # prompt+output tokens whose KV is computed
     reused: int = 0  # prompt tokens taken from the prefix cache
     output: list[int] = field(default_factory=list)
+    # tokens to compute before decoding goes on: the prompt, or after a preemption the
+    # prompt and every token generated so far (recomputed; the stream continues)
+    prefill_to: int = -1
+    preemptions: int = 0
     scheduled_at: float | None = None
     first_token_at: float | None = None
     detok_s: float = 0.0
@@ -41,14 +50,40 @@ class Sequence:
     def __post_init__(self) -> None:
         self.detok = Detokenizer(self.sampling.stop)
         self.sampler = Sampler(self.sampling)
+        if self.prefill_to < 0:
+            self.prefill_to = len(self.prompt)
 
     @property
     def tokens(self) -> list[int]:
         return self.prompt + self.output
 
+    def context(self) -> list[int]:
+        """The tokens its KV must hold before it decodes on (its prefill's target)."""
+        if self.prefill_to <= len(self.prompt):
+            return self.prompt
+        return (self.prompt + self.output)[: self.prefill_to]
+
     @property
     def in_prefill(self) -> bool:
-        return self.n_fed < len(self.prompt)
+        return self.n_fed < self.prefill_to
+
+    @property
+    def unread(self) -> bool:
+        """Its client left and nobody reads it now: it gives way to anyone who waits."""
+        return self.presence is not None and self.presence.gone
+
+    def rank(self, tiers: bool) -> tuple[int, int, float]:
+        """Order of service, lower first: read before unread, then (with `tiers`) S, A, B,
+        then arrival (a preempted sequence keeps its place among its peers)."""
+        return (int(self.unread), TIER_RANK.get(self.tier, 1) if tiers else 0, self.arrival)
+
+    def preempted(self) -> None:
+        """It gave its slot away: recompute prompt and output when it is back."""
+        self.state = SeqState.WAITING
+        self.slot = None
+        self.n_fed = 0
+        self.prefill_to = len(self.prompt) + len(self.output)
+        self.preemptions += 1
 
     @property
     def cancelled(self) -> bool:

@@ -241,6 +241,8 @@ class Router:
         if p.max_tokens is not None and not would_miss:
             req = dataclasses.replace(request, sampling=dataclasses.replace(
                 request.sampling, max_tokens=p.max_tokens))
+        if req.tier != tier:  # the engine orders its work by the tier it is served in
+            req = dataclasses.replace(req, tier=tier)  # type: ignore[arg-type]
         return RoutePlan(req, tier, p.order, p.predicted, p.degraded, would_miss,
                          time.perf_counter() - t0)
 

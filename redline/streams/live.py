@@ -10,11 +10,16 @@ import asyncio
 import time
 from collections.abc import AsyncIterator
 
+from redline.types import Presence
+
 
 class LiveStream:
-    def __init__(self, stream_id: str, tenant: str = "anonymous") -> None:
+    def __init__(self, stream_id: str, tenant: str = "anonymous",
+                 presence: Presence | None = None) -> None:
         self.id = stream_id
         self.tenant = tenant
+        # the request's flag: gone while nobody reads (the engine lets it yield its slot)
+        self.presence = presence
         self.events: list[bytes] = []  # event seq N at index N-1
         self.done = False  # no more events will come
         self.aborted = False  # ended early: nobody came back within the grace period
@@ -77,6 +82,8 @@ class LiveStream:
     def join(self) -> None:
         self.readers += 1
         self.left_at = None
+        if self.presence is not None:
+            self.presence.gone = False
         if self.grace is not None:
             self.grace.cancel()
             self.grace = None
@@ -86,6 +93,8 @@ class LiveStream:
         self.readers -= 1
         if self.readers == 0:
             self.left_at = time.monotonic()
+            if self.presence is not None and not self.done:
+                self.presence.gone = True
             return True
         return False
 

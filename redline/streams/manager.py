@@ -46,7 +46,7 @@ from redline.streams.live import LiveStream
 from redline.streams.progress import Progress
 from redline.streams.takeover import ALIVE_TTL_S, Handover
 from redline.telemetry.metrics import Metrics
-from redline.types import GenerationRequest
+from redline.types import GenerationRequest, Presence
 
 log = logging.getLogger(__name__)
 
@@ -89,12 +89,14 @@ class StreamManager:
     # ---- producing ------------------------------------------------------------
     def start(self, stream_id: str, events: AsyncIterator[bytes],
               tenant: str = "anonymous", first: list[bytes] | None = None,
-              detached: bool = False) -> LiveStream:
+              detached: bool = False, presence: Presence | None = None) -> LiveStream:
         """Run `events` (the encoded SSE events of one completion) to the end, or until
         abandoned. Returns at once; read it with `follow`. `first`: events the caller
         already took from `events` (they are the stream's first ones). `detached`: it
-        runs to its end whoever reads it (a background response), never abandoned."""
-        live = LiveStream(stream_id, tenant)
+        runs to its end whoever reads it (a background response), never abandoned.
+        `presence`: the request's flag, set while nobody reads here (an engine lets such
+        work yield)."""
+        live = LiveStream(stream_id, tenant, presence)
         live.detached = detached
         for event in first or ():
             live.push(event)

@@ -1,0 +1,137 @@
+"""Issue 23's fair-prefill figure: the inter-token latency of running streams while a
+long prompt arrives, with the fixed prefill budget (the rest of n_batch every step) and
+the adaptive one (engine/budget.py), in the same run, on the bundled SmolLM2.
+
+    .venv/bin/python bench/engine_prefill_itl.py                 # 7 streams, 1,500 tokens
+    .venv/bin/python bench/engine_prefill_itl.py --streams 2 --prompt 300   # a quick check
+
+Each round: `--streams` streams decode (greedy, long answers); once each has given a few
+tokens, a `--prompt`-token prompt arrives. Their TPOT is the median gap between their
+tokens before it arrived; "during" is every gap that ended while it was in prefill (from
+its arrival to its first token). The engine is called in process (no HTTP): this is the
+scheduler's share. The goal: ITL p99 during the prefill <= 2x TPOT.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from redline.bench.report import percentile  # noqa: E402
+from redline.engine.budget import PrefillBudget  # noqa: E402
+from redline.engine.engine import Engine  # noqa: E402
+from redline.engine.llama import LlamaModel  # noqa: E402
+from redline.models import bundled_path, served_path  # noqa: E402
+from redline.types import Message, SamplingParams  # noqa: E402
+
+TEXT = ("The harbour master kept a log of every ship that came in: its name, its cargo, the "
+        "weather it met, and the hour it tied up. Read this log and answer the question. ")
+
+
+def long_prompt(model: LlamaModel, n: int) -> list[int]:
+    tokens: list[int] = []
+    text = ""
+    while len(tokens) < n:
+        text += TEXT
+        tokens = model.tokenize(text, add_special=True)
+    return tokens[:n]
+
+
+async def one_round(engine: Engine, model: LlamaModel, streams: int, prompt: list[int],
+                    warm_tokens: int) -> tuple[list[float], list[float], float]:
+    """(gaps before the prompt came, gaps during its prefill, its TTFT)"""
+    stamps: list[list[float]] = [[] for _ in range(streams)]
+    started = asyncio.Event()
+    long_sampling = SamplingParams(max_tokens=warm_tokens + 400, temperature=0.0, ignore_eos=True)
+
+    async def stream(i: int) -> None:
+        q = model.tokenize(model.render_chat((Message("user", f"Tell story {i} about the sea."),)),
+                           add_special=False)
+        it = engine.generate(q, long_sampling)
+        try:
+            async for chunk in it:
+                if chunk.tokens:
+                    stamps[i].append(time.perf_counter())
+                if all(len(s) >= warm_tokens for s in stamps):
+                    started.set()
+                if done.is_set():
+                    return
+        finally:
+            await it.aclose()  # type: ignore[attr-defined]
+
+    done = asyncio.Event()
+    tasks = [asyncio.create_task(stream(i)) for i in range(streams)]
+    await started.wait()
+    arrived = time.perf_counter()
+    newcomer = engine.generate(prompt, SamplingParams(max_tokens=2, temperature=0.0))
+    await newcomer.__anext__()
+    first = time.perf_counter()
+    await newcomer.aclose()  # type: ignore[attr-defined]
+    await asyncio.sleep(0.2)
+    done.set()
+    await asyncio.gather(*tasks)
+    before: list[float] = []
+    during: list[float] = []
+    for s in stamps:
+        for a, b in zip(s, s[1:], strict=False):
+            if b <= arrived:
+                before.append(b - a)
+            elif a < first:  # overlaps the prefill
+                during.append(b - a)
+    return before, during, first - arrived
+
+
+async def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--streams", type=int, default=7)
+    ap.add_argument("--prompt", type=int, default=1500)
+    ap.add_argument("--rounds", type=int, default=3, help="per mode, interleaved")
+    ap.add_argument("--warm-tokens", type=int, default=16)
+    ap.add_argument("--weights", default="auto")
+    ap.add_argument("--threads", type=int, default=0)
+    args = ap.parse_args()
+    path = served_path(bundled_path("smollm2-135m-instruct", ROOT / ".redline" / "models"),
+                       args.weights)
+    model = LlamaModel(str(path))
+    engine = Engine(model, n_ctx_per_seq=max(2048, args.prompt + 64), n_seq_max=args.streams + 1,
+                    n_batch=512, n_threads=args.threads, prefix_reuse=False)
+    prompt = long_prompt(model, args.prompt)
+    modes = {"fixed": None, "adaptive": 0.5}
+    got: dict[str, tuple[list[float], list[float], list[float]]] = {
+        m: ([], [], []) for m in modes}
+    try:
+        for r in range(args.rounds):
+            for mode, slack in modes.items():
+                engine.scheduler.budget = PrefillBudget(512, slack)  # learns afresh each round
+                before, during, ttft = await one_round(engine, model, args.streams, prompt,
+                                                       args.warm_tokens)
+                got[mode][0].extend(before)
+                got[mode][1].extend(during)
+                got[mode][2].append(ttft)
+                print(f"round {r + 1} {mode}: TPOT {statistics.median(before) * 1e3:.1f} ms, "
+                      f"ITL p99 during {percentile(during, 99) * 1e3:.1f} ms, "
+                      f"newcomer TTFT {ttft:.2f} s", file=sys.stderr)
+    finally:
+        engine.close()
+        model.close()
+    print(f"\n{args.streams} streams decoding, a {args.prompt}-token prompt arrives "
+          f"({path.name}, n_batch 512, {args.rounds} rounds per mode)\n")
+    print("| prefill budget | streams' TPOT (before) | ITL p50 during prefill | ITL p99 during "
+          "prefill | p99 / TPOT | newcomer TTFT (median) |")
+    print("|---|---|---|---|---|---|")
+    for mode, (before, during, ttfts) in got.items():
+        tpot = statistics.median(before)
+        p99 = percentile(during, 99)
+        print(f"| {mode} | {tpot * 1e3:.1f} ms | {percentile(during, 50) * 1e3:.1f} ms | "
+              f"{p99 * 1e3:.1f} ms | {p99 / tpot:.2f}x | {statistics.median(ttfts):.2f} s |")
+
+
+if __name__ == "__main__":
+    asyncio.run(main())

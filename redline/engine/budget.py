@@ -1,0 +1,57 @@
+"""How many prompt tokens a step may carry while other streams decode.
+
+A step's time grows with its tokens: one decode token per running stream, plus prompt
+chunks. Filling the rest of `n_batch` with a newcomer's 1,500-token prompt makes the
+running streams' next token wait for all of it (a stall several TPOTs long). So while
+streams decode, a step carries only as many prompt tokens as fit in `slack` times a
+decode-only step (what the streams' TPOT is): their inter-token latency stays within
+(1 + slack)× their TPOT, and the prompt still advances every step. When nothing decodes
+there is no one to stall: the whole batch is the prompt's.
+
+Both costs are measured, not configured: an average of decode-only steps' seconds, and
+of the seconds each prompt token adds to a step (weights, threads and cores differ per
+machine and model). Until both are known, a small first budget.
+"""
+
+from __future__ import annotations
+
+ALPHA = 0.2  # weight of the newest step in the running averages
+FIRST = 64  # tokens per step before the costs are known
+FLOOR = 8  # a prompt always advances
+
+
+class PrefillBudget:
+    def __init__(self, n_batch: int, slack: float | None = 0.5) -> None:
+        self.n_batch = n_batch
+        self.slack = slack  # None: fixed (the whole rest of the batch, every step)
+        self.decode_s: float | None = None  # a decode-only step
+        self.token_s: float | None = None  # what one prompt token adds to a step
+
+    def tokens(self, decoding: int) -> int:
+        """Prompt tokens for the next step, with `decoding` streams decoding in it."""
+        room = self.n_batch - decoding
+        if self.slack is None or decoding == 0:
+            return room
+        if self.decode_s is None or self.token_s is None:
+            return max(0, min(room, FIRST))
+        fit = int(self.slack * self.decode_s / max(self.token_s, 1e-9))
+        return max(0, min(room, max(FLOOR, fit)))
+
+    def observe(self, decoding: int, prompt: int, seconds: float) -> None:
+        """A step ran: `decoding` decode tokens and `prompt` prompt tokens in `seconds`."""
+        if prompt == 0:
+            if decoding:
+                self.decode_s = _avg(self.decode_s, seconds)
+            return
+        # a mixed step: what the prompt added beyond the decode-only step; a prompt-only
+        # step: its fixed part is small next to a chunk's (slightly high: cautious)
+        if decoding and self.decode_s is None:
+            return  # cannot split it yet
+        if not decoding and prompt < FIRST:
+            return  # a short prompt's step is mostly the fixed part: it would mislead
+        base = self.decode_s if decoding and self.decode_s is not None else 0.0
+        self.token_s = _avg(self.token_s, max(0.0, seconds - base) / prompt)
+
+
+def _avg(old: float | None, new: float) -> float:
+    return new if old is None else old + ALPHA * (new - old)

@@ -1,0 +1,115 @@
+"""The adaptive prefill budget, with made-up step times (no model)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from redline.engine.budget import FIRST, FLOOR, PrefillBudget
+from redline.engine.scheduler import Scheduler
+from redline.engine.sequence import Sequence
+from redline.types import SamplingParams
+
+
+def test_full_batch_when_nothing_decodes() -> None:
+    b = PrefillBudget(512)
+    assert b.tokens(0) == 512
+    b.observe(0, 512, 0.5)
+    b.observe(4, 0, 0.02)
+    assert b.tokens(0) == 512  # nobody to stall: the whole batch, whatever the costs
+
+
+def test_small_first_budget_while_costs_are_unknown() -> None:
+    b = PrefillBudget(512)
+    assert b.tokens(7) == FIRST
+    b.observe(7, FIRST, 0.05)  # mixed, but no decode-only step to split it with yet
+    assert b.token_s is None and b.tokens(7) == FIRST
+
+
+def test_budget_shrinks_to_what_fits_in_the_slack_of_a_decode_step() -> None:
+    b = PrefillBudget(512, slack=0.5)
+    b.observe(7, 0, 0.020)  # a decode-only step of 7 streams: 20 ms (their TPOT)
+    b.observe(7, 64, 0.020 + 64 * 0.0005)  # each prompt token adds 0.5 ms
+    assert b.decode_s == pytest.approx(0.020)
+    assert b.token_s == pytest.approx(0.0005)
+    # half a decode step's time / 0.5 ms a token = 20 tokens: the step stays within 1.5x
+    assert b.tokens(7) == 20
+    assert b.tokens(0) == 512
+
+
+def test_budget_grows_back_when_prompt_tokens_get_cheap_and_is_bounded() -> None:
+    b = PrefillBudget(128, slack=0.5)
+    b.observe(2, 0, 0.010)
+    b.observe(2, 20, 0.010 + 20 * 0.001)
+    small = b.tokens(2)
+    for _ in range(40):  # the other model's work went away: tokens cost a tenth
+        b.observe(2, 20, 0.010 + 20 * 0.0001)
+    assert b.tokens(2) > small
+    assert b.tokens(2) <= 128 - 2  # never past the batch
+    for _ in range(40):
+        b.observe(2, 20, 10.0)  # tokens far dearer than a decode step
+    assert b.tokens(2) == FLOOR  # the prompt still advances
+
+
+def test_short_prompt_only_steps_do_not_set_the_token_cost() -> None:
+    b = PrefillBudget(512)
+    b.observe(0, 5, 0.02)  # mostly the step's fixed part: 4 ms "a token" would mislead
+    assert b.token_s is None
+    b.observe(0, 512, 0.256)
+    assert b.token_s == pytest.approx(0.0005)
+
+
+def test_fixed_budget_is_the_rest_of_the_batch() -> None:
+    b = PrefillBudget(512, slack=None)
+    b.observe(7, 0, 0.02)
+    b.observe(7, 505, 0.3)
+    assert b.tokens(7) == 505
+
+
+@pytest.fixture
+def loop():
+    loop = asyncio.new_event_loop()
+    yield loop
+    loop.close()
+
+
+def make(loop, prompt, sid):
+    return Sequence(sid, list(prompt), SamplingParams(max_tokens=64, temperature=0),
+                    lambda c: None, loop)
+
+
+def step(sched, seconds):
+    batch = sched.schedule()
+    sched.commit(batch)
+    sched.observe(batch, seconds(batch))
+    for seq, _ in batch.samplers:
+        seq.output.append(7)
+    return batch
+
+
+def test_scheduler_splits_a_long_prompt_while_streams_decode(loop) -> None:
+    """7 streams decode; a 1,500-token prompt arrives. With the costs measured, each
+    step carries a small chunk of it (adaptive), not 505 tokens (fixed)."""
+    def cost(batch):  # made-up machine: 2 ms a decode token + 1 ms fixed, 0.5 ms a prompt token
+        return 0.001 + 0.002 * batch.n_decode + 0.0005 * (len(batch.entries) - batch.n_decode)
+
+    decode_only = cost(type("B", (), {"n_decode": 7, "entries": [0] * 7})())
+    for slack in (0.5, None):
+        s = Scheduler(n_seq_max=8, n_batch=512, budget=PrefillBudget(512, slack))
+        streams = [make(loop, range(10 * i, 10 * i + 10), f"s{i}") for i in range(7)]
+        for q in streams:
+            s.add(q)
+        step(s, cost)  # their prompts (nothing decodes yet: the whole batch)
+        for _ in range(3):
+            step(s, cost)  # decode-only steps: the budget learns what a step costs
+        s.add(make(loop, range(1000, 2500), "long"))
+        batches = [step(s, cost) for _ in range(3)]
+        assert [b.n_decode for b in batches] == [7] * 3  # every stream decodes every step
+        chunks = [len(b.entries) - 7 for b in batches]
+        if slack is None:
+            assert chunks == [505, 505, 490]  # 18x a decode step: the stall
+        else:
+            # about 0.5 x 15 ms / 0.5 ms = 15 tokens: each step within 1.5x a decode step
+            assert all(FLOOR <= c <= 15 for c in chunks), chunks
+            assert all(cost(b) <= 1.5 * decode_only + 1e-9 for b in batches)
