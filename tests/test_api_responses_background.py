@@ -13,7 +13,7 @@ from typing import Any
 import httpx
 import openai
 import pytest
-from responses_support import Live
+from gateway_support import Live
 
 from redline.api.app import create_app
 from redline.backends.fake_upstream import Dist, UpstreamSpec, create_upstream

@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator, Iterator
 
 import openai
 import pytest
-from responses_support import Live
+from gateway_support import Live
 
 from redline.api.app import create_app
 from redline.api.responses_truncation import cuts
