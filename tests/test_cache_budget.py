@@ -13,6 +13,7 @@ from typing import Any
 from fastapi.testclient import TestClient
 
 from redline.api.app import create_app
+from redline.api.services import services_of
 from redline.backends.fake import FakeBackend
 from redline.cache.embedder import HashingEmbedder
 from redline.cache.error_budget import CEILING, ErrorBudget, wilson
@@ -149,7 +150,7 @@ def _client(tmp_path: Path, book: Book, **cache: Any) -> TestClient:
     cfg = RedlineConfig(server={"data_dir": str(tmp_path)}, store={"url": "memory://"},
                         cache={"similarity_threshold": 0.8, "shadow_sample": 1.0, **cache})
     app = create_app(cfg, backends={"fake": book})
-    app.state.pipeline.cache.embedder = HashingEmbedder()  # no torch in these tests
+    services_of(app).pipeline.cache.embedder = HashingEmbedder()  # no torch in these tests
     return TestClient(app)
 
 
@@ -179,7 +180,7 @@ def test_a_wrong_hit_raises_the_entry_bar_and_the_threshold(tmp_path: Path) -> N
     book = Book({Q1: "It left the depot on Monday.", Q2: "It was delivered on Friday."})
     with _client(tmp_path, book) as client:
         _ready(client)
-        cache = client.app.state.pipeline.cache  # type: ignore[attr-defined]
+        cache = services_of(client.app).pipeline.cache
         assert _ask(client, Q1) == "miss"
         _wait(lambda: not cache._tasks)
         assert _ask(client, Q2) == "semantic"  # served, and checked in the background
@@ -207,7 +208,7 @@ def test_a_right_hit_stays_served(tmp_path: Path) -> None:
     book = Book({Q1: same, Q2: same})
     with _client(tmp_path, book) as client:
         _ready(client)
-        cache = client.app.state.pipeline.cache  # type: ignore[attr-defined]
+        cache = services_of(client.app).pipeline.cache
         _ask(client, Q1)
         _wait(lambda: not cache._tasks)
         assert _ask(client, Q2) == "semantic"
@@ -226,7 +227,7 @@ def test_semantic_off_no_checks(tmp_path: Path) -> None:
     book = Book({Q1: "It left the depot on Monday.", Q2: "It was delivered on Friday."})
     with _client(tmp_path, book, shadow_sample=0.0) as client:
         _ready(client)
-        cache = client.app.state.pipeline.cache  # type: ignore[attr-defined]
+        cache = services_of(client.app).pipeline.cache
         _ask(client, Q1)
         _wait(lambda: not cache._tasks)
         assert _ask(client, Q2) == "semantic"

@@ -37,12 +37,14 @@ async def test_values_roundtrip_and_delete(store: Store) -> None:
 
 
 async def test_ttl_expires_values_lists_and_hashes(store: Store) -> None:
-    await store.set("v", b"x", ttl=0.2)
-    await store.append("l", b"a", ttl=0.2)
-    await store.hset("h", "f", b"1", ttl=0.2)
+    # a TTL long enough that three writes on a busy machine (SQLite fsyncs each) cannot
+    # outlast it before the first read
+    await store.set("v", b"x", ttl=1.0)
+    await store.append("l", b"a", ttl=1.0)
+    await store.hset("h", "f", b"1", ttl=1.0)
     await store.set("forever", b"y")
     assert await store.get("v") == b"x"
-    await asyncio.sleep(0.4)
+    await asyncio.sleep(1.2)
     assert await store.get("v") is None
     assert await store.range("l") == []
     assert await store.hgetall("h") == {}
