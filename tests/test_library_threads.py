@@ -32,12 +32,13 @@ APP = r"""
 import json, sys
 from threadpoolctl import threadpool_info
 from redline.api.app import create_app
+from redline.api.services import services_of
 from redline.config import RedlineConfig
 from redline.tuning import tune_threads
 
 cfg = RedlineConfig(**json.loads(sys.argv[1]))
 before = [p["num_threads"] for p in threadpool_info() if p["user_api"] == "blas"]
-pipeline = create_app(cfg).state.pipeline
+pipeline = services_of(create_app(cfg)).pipeline
 after = [p["num_threads"] for p in threadpool_info() if p["user_api"] == "blas"]
 assert after == before or not before, (before, after)  # the app factory leaves them alone
 tune_threads(cfg)  # what `redline serve` does first
