@@ -184,6 +184,10 @@ def main() -> int:
                                            args.max_tokens))
                 red, peer = runs["redline"], runs["llama-server"]
                 failed = sum(1 for rr in red + peer for s in rr.samples if not s.ok)
+                for name, rr_list in runs.items():  # what went wrong, once per target
+                    errors = [s.error for rr in rr_list for s in rr.samples if not s.ok]
+                    if errors:
+                        print(f"  {name}: {len(errors)} failed, e.g. {errors[0][:300]}", flush=True)
                 pairs = list(zip(red, peer, strict=True))
                 tok_ratio = statistics.median(tok_s(a) / tok_s(b) for a, b in pairs)
                 ttft_ratio = statistics.median(ttft_p50(a) / ttft_p50(b) for a, b in pairs)
