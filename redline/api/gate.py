@@ -96,11 +96,13 @@ class GenerationGate:
         if key is not None and key.budget_tokens is not None:
             await self._check_budget(key.budget_tokens, key.budget_period_s, key_label(scope))
 
-    async def enter(self, scope: Scope, gen: GenerationRequest) -> None:
+    async def enter(self, scope: Scope, gen: GenerationRequest, checked: bool = False) -> None:
+        """`checked`: the caller ran `check` for this request already (one budget read)."""
         state = scope.setdefault("state", {})
         key: ApiKey | None = state.get("api_key")
         label = key_label(scope)
-        await self.check(scope, gen)
+        if not checked:
+            await self.check(scope, gen)
         if key is not None and key.budget_tokens is not None:  # charged when it ends
             self.budgets[gen.id] = budget_key(label, key.budget_period_s, time.time())
         who = limit_key(scope, self.limiter.keyed)
@@ -227,11 +229,4 @@ class JobGate:
             await asyncio.sleep(min(max(verdict.retry_after, 0.05), float(limiter.window)))
 
 
-async def reserve_tokens(limiter: TenantLimiter, scope: Scope, gen: Any) -> None:
-    """Only the token reservation of `GenerationGate.enter` (for a caller without a gate)."""
-    verdict = await limiter.reserve(limit_key(scope, limiter.keyed), gen.id, estimate_tokens(gen))
-    if not verdict.allowed:
-        raise RateLimited(verdict.message, retry_after=verdict.retry_after)
-
-
-__all__ = ["GenerationGate", "JobGate", "ReleaseSlots", "Slots", "budget_key", "reserve_tokens"]
+__all__ = ["GenerationGate", "JobGate", "ReleaseSlots", "Slots", "budget_key"]

@@ -107,7 +107,7 @@ async def serve(services: Services, request: Request,
         return response
     # after the plan, so a request refused by it holds no slot and no tokens; a job is
     # charged as it runs. The gate: a key's concurrent generations, then its tokens
-    await services.gate.enter(request.scope, gen)
+    await services.gate.enter(request.scope, gen, checked=True)
     parts = (_StreamParts(gen, gen_kind, body.include_usage, streams, prepared.model, prepared.tier)
              if body.stream else None)
     completion = await pipeline.open(prepared)

@@ -103,7 +103,7 @@ async def create(request: Request) -> Response:
                "X-Redline-Tier": completion.tier, "X-Redline-Cache": completion.cache}
     run = Run(body, response_id, completion, records, items, context)
     if body.stream:
-        streams = services_of(request.app).streams
+        streams = services.streams
         events = run.events(streams.progress(gen, completion.model, completion.tier))
         headers |= _SSE
         if not body.store:  # kept nowhere, not even in a journal: not resumable
