@@ -98,20 +98,22 @@ async function send(prompt) {
   answer.node.scrollIntoView({ block: "end" });
   afterPaint().then(() => { run.skeletonMs = performance.now() - t0; });
 
-  if ($("mode").value === "responses") {
-    try {
-      await respond(prompt, answer, run, t0, maxTokens);
-      run.doneMs = performance.now() - t0;
-      finish(answer, run);
-      history.push({ role: "assistant", content: run.text });
-    } catch (err) {
-      run.error = String(err.message || err);
-      answer.stop("error");
-      answer.text.append(el("div", "error", run.error));
-      history.pop();
-    }
-    return;
+  try {
+    const answerWith = $("mode").value === "responses" ? respond : chat;
+    await answerWith(prompt, answer, run, t0, maxTokens);
+    run.doneMs = performance.now() - t0;
+    finish(answer, run);
+    history.push({ role: "assistant", content: run.text });
+  } catch (err) {
+    run.error = String(err.message || err);
+    answer.stop("error");
+    answer.text.append(el("div", "error", run.error));
+    history.pop();
   }
+}
+
+// one chat completion, streamed; resumes through /v1/streams/{id} when the connection drops
+async function chat(prompt, answer, run, t0, maxTokens) {
   const body = { model: $("model").value, messages: history.slice(), stream: true,
     max_tokens: maxTokens, stream_options: { include_usage: true } };
   if ($("tier").value !== "auto") body.tier = $("tier").value;
@@ -121,52 +123,42 @@ async function send(prompt) {
   let lastId = null;
   let done = false;
   let tries = 0;
-  try {
-    let response = await fetch("/v1/chat/completions", {
-      method: "POST", headers: { "Content-Type": "application/json", ...authHeaders() },
-      body: JSON.stringify(body) });
-    if (!response.ok) throw new Error(await errorText(response));
-    streamId = response.headers.get("X-Redline-Stream-Id");
-    run.streamId = streamId;
-    showHeaders(answer, response, run);
-    for (;;) {
-      try {
-        for await (const event of readEvents(response)) {
-          const seq = seqOf(event.id);
-          if (seq !== null && seqOf(lastId) !== null && seq <= seqOf(lastId)) continue;  // already shown
-          if (event.id) lastId = event.id;
-          tries = 0;
-          if (event.data === "[DONE]") { done = true; break; }
-          handle(JSON.parse(event.data), answer, run, t0);
-        }
-      } catch (err) {
-        if (err instanceof ServerError) throw err;
-        // a network error mid-stream: fall through to resume
+  let response = await fetch("/v1/chat/completions", {
+    method: "POST", headers: { "Content-Type": "application/json", ...authHeaders() },
+    body: JSON.stringify(body) });
+  if (!response.ok) throw new Error(await errorText(response));
+  streamId = response.headers.get("X-Redline-Stream-Id");
+  run.streamId = streamId;
+  showHeaders(answer, response, run);
+  for (;;) {
+    try {
+      for await (const event of readEvents(response)) {
+        const seq = seqOf(event.id);
+        if (seq !== null && seqOf(lastId) !== null && seq <= seqOf(lastId)) continue;  // already shown
+        if (event.id) lastId = event.id;
+        tries = 0;
+        if (event.data === "[DONE]") { done = true; break; }
+        handle(JSON.parse(event.data), answer, run, t0);
       }
-      if (done) break;
-      // the stream ended without [DONE]: the connection dropped
-      if (!streamId || tries >= MAX_RESUME_TRIES) throw new Error("the connection dropped");
-      tries += 1;
-      answer.node.dataset.state = "resuming";
-      answer.countdown.textContent = "reconnecting…";
-      await sleep(Math.min(2000, 100 * 2 ** (tries - 1)));
-      try {
-        response = await fetch(`/v1/streams/${encodeURIComponent(streamId)}`, {
-          headers: { ...authHeaders(), ...(lastId ? { "Last-Event-ID": lastId } : {}) } });
-      } catch (err) { continue; }  // still offline: try again
-      if (!response.ok) throw new Error(await errorText(response));
-      run.resumes += 1;
-      answer.node.dataset.resumes = run.resumes;
-      answer.node.dataset.state = "streaming";
+    } catch (err) {
+      if (err instanceof ServerError) throw err;
+      // a network error mid-stream: fall through to resume
     }
-    run.doneMs = performance.now() - t0;
-    finish(answer, run);
-    history.push({ role: "assistant", content: run.text });
-  } catch (err) {
-    run.error = String(err.message || err);
-    answer.stop("error");
-    answer.text.append(el("div", "error", run.error));
-    history.pop();
+    if (done) break;
+    // the stream ended without [DONE]: the connection dropped
+    if (!streamId || tries >= MAX_RESUME_TRIES) throw new Error("the connection dropped");
+    tries += 1;
+    answer.node.dataset.state = "resuming";
+    answer.countdown.textContent = "reconnecting…";
+    await sleep(Math.min(2000, 100 * 2 ** (tries - 1)));
+    try {
+      response = await fetch(`/v1/streams/${encodeURIComponent(streamId)}`, {
+        headers: { ...authHeaders(), ...(lastId ? { "Last-Event-ID": lastId } : {}) } });
+    } catch (err) { continue; }  // still offline: try again
+    if (!response.ok) throw new Error(await errorText(response));
+    run.resumes += 1;
+    answer.node.dataset.resumes = run.resumes;
+    answer.node.dataset.state = "streaming";
   }
 }
 
