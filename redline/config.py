@@ -268,6 +268,11 @@ class RoutingConfig(_Section):
                                    "(10: a dead backend, not a flaky one; retries cover those)")
     breaker_ttl_s: float = Field(10.0, gt=0, description="an open breaker tries again after this")
     shorten: bool = Field(True, description="tier S: cap max_tokens so the answer fits its budget")
+    quality_total_s: float | None = Field(
+        8.0, gt=0, description="`auto` sends a complex request to a larger (slower) model only "
+        "while that model is predicted to finish it within this many seconds, its queue and "
+        "the shared cores included; else to the one that finishes soonest. None: whenever "
+        "it meets the tier's budget")
 
 
 class SmtpConfig(_Section):

@@ -4,7 +4,10 @@ miss the budget only because it is shared."""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
+
+import pytest
 
 from redline.backends.fake import FakeBackend
 from redline.config import RoutingConfig
@@ -61,3 +64,52 @@ async def test_the_planner_sees_other_local_engines_work() -> None:
     small.shared = 1.0
     plan = r._plan("S", ["large", "small"], chat("hi", tier="S"))
     assert plan.order[0] == "small" and not plan.degraded  # large misses only when shared
+
+
+class Forecasting(Sharing):
+    """A fake local model that forecasts its own TTFT from its admitted work, as the
+    embedded engine does (engine/forecast.py)."""
+
+    def __init__(self, *args: Any, **kw: Any) -> None:
+        super().__init__(*args, **kw)
+        self.forecast: float | None = None
+
+    def predict_ttft_s(self, prompt_tokens: int, tier: str | None) -> float | None:
+        return self.forecast
+
+
+async def test_the_engines_own_forecast_replaces_the_learnt_queue_term() -> None:
+    small, large = Forecasting("small", size_rank=1), Forecasting("large", size_rank=2)
+    r = await router({"small": small, "large": large}, classifier="off")
+    for _ in range(10):
+        r.estimates.of(large).observe_ttft(0.4, 0, 10)
+    assert r.predict("large", 10, 3).ttft_s == pytest.approx(0.4, abs=0.05)  # type: ignore[union-attr]
+    large.forecast = 5.0  # its slots are full: it knows the soonest frees in 5 s
+    large.shared = 2.0
+    assert r.predict("large", 10, 3).ttft_s == pytest.approx(10.0)  # type: ignore[union-attr]
+    # a tier-A request, large first (complex), moves to small: large misses 3 s
+    plan = r._plan("A", ["large", "small"], chat("hi", tier="A"))
+    assert plan.order[0] == "small"
+
+
+async def test_auto_pays_for_the_larger_model_only_while_it_finishes_in_time() -> None:
+    small, large = Forecasting("small", size_rank=1), Forecasting("large", size_rank=2)
+    r = await router({"small": small, "large": large}, classifier="off", quality_total_s=8.0)
+    for _ in range(10):
+        r.estimates.of(small).observe_ttft(0.1, 0, 10)
+        r.estimates.of(small).observe_tpot(0.01, alpha=1.0)
+        r.estimates.of(large).observe_ttft(0.3, 0, 10)
+        r.estimates.of(large).observe_tpot(0.04, alpha=1.0)
+        r.estimates.of(large).observe_output(100, alpha=1.0)
+        r.estimates.of(small).observe_output(100, alpha=1.0)
+    report = GenerationRequest(model="auto", sampling=SamplingParams(max_tokens=256),
+                               messages=(Message("user", "write a report"),), tier="B")
+    plan = r.plan(report)
+    assert plan.order == ("large", "small")  # 0.3 + 99 x 40 ms = 4.3 s: within 8 s
+    large.shared = small.shared = 2.0  # both engines hold work: large would take 8.5 s
+    plan = r.plan(report)
+    assert plan.order[0] == "small" and not plan.degraded
+    named = dataclasses.replace(report, model="large")  # a named model is not second-guessed
+    assert r.plan(named).order[0] == "large"
+    r.cfg = r.cfg.model_copy(update={"quality_total_s": None})  # off: the budget alone
+    assert r.plan(report).order[0] == "large"

@@ -134,6 +134,10 @@ class LocalBackend:
     def load(self) -> int:
         return self.engine.active if self.engine else 0
 
+    def predict_ttft_s(self, prompt_tokens: int, tier: str | None) -> float | None:
+        """For the planner: the engine's forecast from the work it has admitted."""
+        return self.engine.predict_ttft_s(prompt_tokens, tier) if self.engine else None
+
     def slowdown(self) -> float:
         """For the planner: how much longer work takes here now than alone, because the
         process's other local models have work on the same cores."""

@@ -22,6 +22,7 @@ from collections.abc import AsyncIterator
 
 from redline.engine.arbiter import StepArbiter
 from redline.engine.budget import PrefillBudget
+from redline.engine.forecast import Forecast
 from redline.engine.llama import LlamaModel, LlamaRunner
 from redline.engine.sampling import token_logprobs
 from redline.engine.scheduler import ScheduledBatch, Scheduler
@@ -43,6 +44,7 @@ class Engine:
         # prefill_slack None: a fixed prefill budget (the rest of the batch every step)
         self.scheduler = Scheduler(n_seq_max, n_batch, prefix_reuse, cache_cells, tiers,
                                    PrefillBudget(n_batch, prefill_slack))
+        self.forecast = Forecast(n_seq_max, self.scheduler.budget)
         self._inbox: list[Sequence] = []
         self._outbox: list[tuple[Sequence, Chunk]] = []
         self._wake = threading.Condition()
@@ -94,6 +96,20 @@ class Engine:
     def slowdown(self) -> float:
         """How much longer work takes here now than alone (other engines' work)."""
         return self.arbiter.slowdown(self._member)
+
+    def predict_ttft_s(self, prompt_tokens: int, tier: str | None) -> float | None:
+        """This engine's forecast of a new request's TTFT, alone on the cores (None until
+        its step costs are measured). Read from another thread: a snapshot may be torn by
+        a step, which only makes this estimate a step stale."""
+        for _ in range(3):
+            try:
+                running = list(self.scheduler.running)
+                waiting = list(self.scheduler.waiting) + list(self._inbox)
+            except RuntimeError:  # the deque changed under the copy
+                continue
+            return self.forecast.ttft_s(prompt_tokens, tier, running, waiting,
+                                        self.scheduler.tiers)
+        return None
 
     def close(self) -> None:
         with self._wake:
@@ -216,6 +232,7 @@ class Engine:
                 chunk = Chunk(text=text, tokens=1, timings=timings)
             else:
                 self.scheduler.finish(seq)
+                self.forecast.finished(len(seq.output))
                 chunk = self._final(seq, reason, text + seq.detok.flush(),
                                     tokens=1 if text else 0)
             if seq.sampling.logprobs and kept:

@@ -44,6 +44,20 @@ def slowdown_of(replica: object) -> float:
     return replica.slowdown() if isinstance(replica, SharesCores) else 1.0
 
 
+@runtime_checkable
+class ForecastsTTFT(Protocol):
+    """A backend that knows its own admitted work (the embedded engine, engine/forecast.py):
+    its forecast of a new request's TTFT replaces the learnt queue term."""
+
+    def predict_ttft_s(self, prompt_tokens: int, tier: str | None) -> float | None: ...
+
+
+def own_forecast(replica: object, prompt_tokens: int, tier: str | None) -> float | None:
+    if isinstance(replica, ForecastsTTFT):
+        return replica.predict_ttft_s(prompt_tokens, tier)
+    return None
+
+
 class ReplicaStats:
     def __init__(self, prior_ttft_s: float = 0.2, prior_tpot_s: float = 0.02,
                  forget: float = 0.98, window: int = 200) -> None:
@@ -102,8 +116,13 @@ class ReplicaStats:
         return float(np.quantile(np.fromiter(self._ttfts, float), 0.9))
 
     def predict(self, load: int, prompt_tokens: int, output_tokens: int,
-                slowdown: float = 1.0) -> Prediction:
-        if self.samples < 3:
+                slowdown: float = 1.0, own_ttft_s: float | None = None) -> Prediction:
+        """`own_ttft_s`: the engine's own forecast from its admitted work (alone on the
+        cores), used instead of the learnt fit when there is one."""
+        if own_ttft_s is not None:
+            ttft = own_ttft_s
+            queue = max(0.0, own_ttft_s - self.coef()[0]) if self.samples >= 3 else 0.0
+        elif self.samples < 3:
             queue = 0.0
             ttft = self.prior_ttft_s
         else:

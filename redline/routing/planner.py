@@ -33,16 +33,23 @@ def meets(p: Prediction, budget: TierBudget) -> bool:
 
 def plan(tier: str, budget: TierBudget, candidates: Sequence[str],
          predict: Callable[[str], Prediction | None], max_tokens: int,
-         tpot_of: Callable[[str], float], shorten: bool) -> Plan:
-    """`predict(model)` is None when no replica of the model can take traffic now."""
+         tpot_of: Callable[[str], float], shorten: bool,
+         within_s: float | None = None) -> Plan:
+    """`predict(model)` is None when no replica of the model can take traffic now.
+    `within_s`: among the models that meet the budget, the preferred one is taken only if
+    it is predicted to finish within this many seconds; else the soonest to finish (how
+    `auto` stops paying for a larger model when the machine has no room for it)."""
     preds = {m: predict(m) for m in candidates}
     alive = [m for m in candidates if preds[m] is not None]
     if not alive:  # every breaker open: try in order anyway, half-open may let one through
         return Plan(tuple(candidates), None, None, degraded=True)
     if budget.ttft_s is None and budget.total_s is None:
-        return Plan(tuple(alive), None, preds[alive[0]], degraded=False)
-    good = [m for m in alive if meets(preds[m], budget)]  # type: ignore[arg-type]
+        good = alive
+    else:
+        good = [m for m in alive if meets(preds[m], budget)]  # type: ignore[arg-type]
     if good:
+        if within_s is not None:
+            good = _soon_enough(good, preds, within_s)  # type: ignore[arg-type]
         rest = [m for m in alive if m not in good]
         return Plan(tuple(good + rest), None, preds[good[0]], degraded=False)
     by_ttft = sorted(alive, key=lambda m: preds[m].ttft_s)  # type: ignore[union-attr]
@@ -58,3 +65,12 @@ def plan(tier: str, budget: TierBudget, candidates: Sequence[str],
     log.debug("tier %s: no model meets the budget; degrading to %s (predicted TTFT %.2fs, "
              "total %.2fs, max_tokens %s)", tier, best, p.ttft_s, p.total_s, cap or max_tokens)
     return Plan(tuple(by_ttft), cap, p, degraded=True)
+
+
+def _soon_enough(order: list[str], preds: dict[str, Prediction], within_s: float) -> list[str]:
+    """`order` with the models predicted to finish within `within_s` first (in order);
+    when none does, soonest to finish first."""
+    fits = [m for m in order if preds[m].total_s <= within_s]
+    if not fits:
+        return sorted(order, key=lambda m: preds[m].total_s)
+    return fits + [m for m in order if m not in fits]

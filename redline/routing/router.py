@@ -33,7 +33,7 @@ from redline.routing.breaker import Breakers
 from redline.routing.budget import RatioBudget
 from redline.routing.capabilities import Capabilities, required
 from redline.routing.classifier import Classifier, Decision
-from redline.routing.estimates import Estimates, Prediction, slowdown_of
+from redline.routing.estimates import Estimates, Prediction, own_forecast, slowdown_of
 from redline.routing.hedge import Opened, hedged
 from redline.routing.migrate import Migration
 from redline.routing.names import AUTO, check_model, resolve_model
@@ -190,14 +190,17 @@ class Router:
     def usable(self, replica: Backend) -> bool:
         return not self.breakers.is_open(self.label(replica))
 
-    def predict(self, model: str, prompt_tokens: int, max_tokens: int) -> Prediction | None:
+    def predict(self, model: str, prompt_tokens: int, max_tokens: int,
+                tier: str | None = None) -> Prediction | None:
         best: Prediction | None = None
         for r in replicas_of(self.backends[model]):
             if not self.usable(r):
                 continue
             stats = self.estimates.of(r)
+            # local models: others' work on the same cores, and the engine's own forecast
+            # from the work it already admitted (its slots and queue)
             p = stats.predict(r.load(), prompt_tokens, stats.expected_tokens(max_tokens),
-                              slowdown_of(r))  # local models: others' work on the same cores
+                              slowdown_of(r), own_forecast(r, prompt_tokens, tier))
             if best is None or p.ttft_s < best.ttft_s:
                 best = p
         return best
@@ -212,9 +215,12 @@ class Router:
             return min(self.estimates.of(r).tpot_s * slowdown_of(r)
                        for r in replicas_of(self.backends[model]))
 
+        # `auto` prefers a larger model for a complex request only while it is predicted
+        # to finish within quality_total_s (routing.quality_total_s)
+        within = self.cfg.quality_total_s if request.model == AUTO else None
         return plan(tier, self._budgets[tier], candidates,
-                    lambda m: self.predict(m, n_prompt, max_tokens), max_tokens, tpot_of,
-                    self.cfg.shorten)
+                    lambda m: self.predict(m, n_prompt, max_tokens, tier), max_tokens, tpot_of,
+                    self.cfg.shorten, within)
 
     # -- serving --------------------------------------------------------------------
 

@@ -1,0 +1,87 @@
+"""The engine's own TTFT forecast from the work it admitted (engine/forecast.py), with
+made-up step costs and sequences (no model)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+
+import pytest
+
+from redline.engine.budget import PrefillBudget
+from redline.engine.forecast import Forecast
+from redline.engine.sequence import Sequence
+from redline.types import SamplingParams
+
+
+@pytest.fixture
+def loop() -> Iterator[asyncio.AbstractEventLoop]:
+    loop = asyncio.new_event_loop()
+    yield loop
+    loop.close()
+
+
+def seq(loop: asyncio.AbstractEventLoop, sid: str, prompt: int = 10, written: int = 0,
+        tier: str = "A", max_tokens: int = 256) -> Sequence:
+    s = Sequence(sid, [1] * prompt, SamplingParams(max_tokens=max_tokens, temperature=0),
+                 lambda c: None, loop, tier=tier)
+    s.n_fed = prompt + written  # running: its prompt is in the KV
+    s.output = [7] * written
+    return s
+
+
+def costed(slots: int = 2) -> Forecast:
+    b = PrefillBudget(512, slack=None)
+    b.decode_s, b.token_s = 0.02, 0.001  # 20 ms a decode step, 1 ms a prompt token
+    return Forecast(slots, b, expected_len=100)
+
+
+def test_no_forecast_until_the_step_costs_are_measured(loop: asyncio.AbstractEventLoop) -> None:
+    f = Forecast(2, PrefillBudget(512))
+    assert f.ttft_s(50, "A", [], []) is None
+
+
+def test_a_free_slot_starts_at_once(loop: asyncio.AbstractEventLoop) -> None:
+    f = costed()
+    alone = f.ttft_s(50, "A", [], [])
+    assert alone == pytest.approx(50 * 0.001 + 0.02)  # its prompt and one step
+    busy = f.ttft_s(50, "A", [seq(loop, "r1", written=10)], [])
+    assert busy == pytest.approx(alone)  # one slot still free: the stream costs nothing here
+
+
+def test_full_slots_wait_for_the_soonest_answer_to_end(loop: asyncio.AbstractEventLoop) -> None:
+    f = costed()
+    running = [seq(loop, "r1", written=10), seq(loop, "r2", written=60)]
+    got = f.ttft_s(50, "A", running, [])
+    # r2 has about 40 tokens left of the 100-token average: 40 steps of 20 ms first
+    assert got == pytest.approx(40 * 0.02 + 50 * 0.001 + 0.02)
+    # a request waiting ahead takes that slot: the next one frees after r1's 90 tokens
+    ahead = seq(loop, "w1", prompt=30)
+    ahead.n_fed, ahead.output = 0, []
+    later = f.ttft_s(50, "A", running, [ahead])
+    assert later == pytest.approx(90 * 0.02 + 80 * 0.001 + 0.02)
+
+
+def test_tier_s_passes_waiting_work_and_takes_a_b_slot(loop: asyncio.AbstractEventLoop) -> None:
+    f = costed()
+    running = [seq(loop, "r1", written=10), seq(loop, "r2", written=10, tier="B")]
+    waiting = [seq(loop, "w1", tier="A")]
+    waiting[0].n_fed = 0
+    s = f.ttft_s(20, "S", running, waiting)
+    a = f.ttft_s(20, "A", running, waiting)
+    assert s is not None and a is not None
+    assert s == pytest.approx(20 * 0.001 + 0.02)  # the B answer yields its slot
+    assert a > 1.0  # behind w1, after r1 or r2 ends
+    fcfs = f.ttft_s(20, "S", running, waiting, tiers=False)
+    assert fcfs == pytest.approx(a)
+
+
+def test_answers_past_the_average_and_the_average_learns(loop: asyncio.AbstractEventLoop) -> None:
+    f = costed()
+    long = seq(loop, "r", written=150, max_tokens=256)
+    assert f.remaining(long) == 50  # outlived the average: half the average again
+    assert f.remaining(seq(loop, "c", written=150, max_tokens=160)) == 10  # its cap
+    for _ in range(50):
+        f.finished(20)
+    assert f.expected_len < 25
+    assert 15 <= f.remaining(seq(loop, "n", written=5)) <= 16  # ceil(average - 5)
