@@ -66,6 +66,7 @@ class Outcome:
     e2e: float = float("nan")
     model: str = "?"
     status: int = 0
+    tier: str = "?"
 
 
 @dataclass
@@ -117,6 +118,7 @@ async def one(client: aiohttp.ClientSession, target: Target, item: Item,
                 await r.read()
                 return Outcome(item.kind, False, status=r.status)
             model = r.headers.get("x-redline-model", "?")
+            tier = r.headers.get("x-redline-tier", "?")
             async for payloads in data_payloads(r.content.iter_any()):
                 for payload in payloads:
                     if payload == b"[DONE]" or ttft is not None:
@@ -129,7 +131,7 @@ async def one(client: aiohttp.ClientSession, target: Target, item: Item,
                         ttft = time.perf_counter() - t0
             e2e = time.perf_counter() - t0
             return Outcome(item.kind, ttft is not None, ttft if ttft is not None else e2e, e2e,
-                           model, 200)
+                           model, 200, tier)
     except (TimeoutError, aiohttp.ClientError, json.JSONDecodeError):
         return Outcome(item.kind, False, model=model)
 
@@ -199,6 +201,12 @@ def report(target: Target) -> dict[str, Any]:
     for o in ok:
         models[o.model] = models.get(o.model, 0) + 1
     out["routed"] = {m: c / len(ok) for m, c in sorted(models.items())} if ok else {}
+    # how each kind was served: tier and model (what `auto` decided), answered only
+    by_kind: dict[str, dict[str, int]] = {}
+    for o in ok:
+        key = f"{o.tier}:{o.model}"
+        by_kind.setdefault(o.kind, {})[key] = by_kind.setdefault(o.kind, {}).get(key, 0) + 1
+    out["served_by_kind"] = by_kind
     return out
 
 
@@ -270,6 +278,10 @@ async def main_async(a: argparse.Namespace) -> None:
         print(json.dumps(rows, indent=2))
     else:
         print_table(rows)
+        for r in rows:
+            print(f"# {r['target']} served (tier:model): " + "; ".join(
+                f"{kind} " + ", ".join(f"{k} {v}" for k, v in sorted(c.items()))
+                for kind, c in r["served_by_kind"].items()))
     if a.plot:
         plot(targets, a.plot, a.note or f"{a.n} requests at {a.rate}/s, seed {a.seed} "
              "(provisional: measured on a shared machine)")

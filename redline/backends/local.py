@@ -56,9 +56,15 @@ class LocalBackend:
     async def warmup(self) -> None:
         """Touch every code path once (prefill, batched decode) so the first user
         does not pay for page faults and first-call allocations."""
+        # first a prompt long enough that its step teaches the engine what a prompt token
+        # costs (engine/budget.py), then batched decode steps: the planner's forecast for
+        # this model (engine/forecast.py) is ready before the first request
+        long = "Warm-up: " + ", ".join(f"item {i}" for i in range(48)) + "."
+        await self._drain(GenerationRequest(model=self.cfg.name, prompt=long,
+                                            sampling=SamplingParams(max_tokens=2, temperature=0.0)))
         prompt = "Warm-up: count from one to ten."
         req = GenerationRequest(model=self.cfg.name, prompt=prompt,
-                                sampling=SamplingParams(max_tokens=8, temperature=0.0))
+                                sampling=SamplingParams(max_tokens=24, temperature=0.0))
         n = min(4, self.cfg.n_seq_max)
         await asyncio.gather(*[self._drain(req) for _ in range(n)])
 
@@ -137,6 +143,9 @@ class LocalBackend:
     def predict_ttft_s(self, prompt_tokens: int, tier: str | None) -> float | None:
         """For the planner: the engine's forecast from the work it has admitted."""
         return self.engine.predict_ttft_s(prompt_tokens, tier) if self.engine else None
+
+    def predict_tpot_s(self) -> float | None:
+        return self.engine.predict_tpot_s() if self.engine else None
 
     def slowdown(self) -> float:
         """For the planner: how much longer work takes here now than alone, because the

@@ -111,6 +111,9 @@ class Engine:
                                         self.scheduler.tiers)
         return None
 
+    def predict_tpot_s(self) -> float | None:
+        return self.forecast.tpot_s()
+
     def close(self) -> None:
         with self._wake:
             self._stop = True

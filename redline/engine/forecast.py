@@ -44,6 +44,10 @@ class Forecast:
             expect = max(1.0, min(self.expected_len, done) / 2)
         return max(1, min(cap, math.ceil(expect)))
 
+    def tpot_s(self) -> float | None:
+        """A decode step's seconds now (what each stream's TPOT is, alone on the cores)."""
+        return self.budget.decode_s
+
     def ttft_s(self, prompt_tokens: int, tier: str | None, running: Iterable[Sequence],
                waiting: Iterable[Sequence], tiers: bool = True) -> float | None:
         """Seconds to the first token of a new request; None until the step costs are

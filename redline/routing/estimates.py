@@ -51,11 +51,16 @@ class ForecastsTTFT(Protocol):
 
     def predict_ttft_s(self, prompt_tokens: int, tier: str | None) -> float | None: ...
 
+    def predict_tpot_s(self) -> float | None: ...
 
-def own_forecast(replica: object, prompt_tokens: int, tier: str | None) -> float | None:
+
+def own_forecast(replica: object, prompt_tokens: int,
+                 tier: str | None) -> tuple[float | None, float | None]:
+    """The engine's own (TTFT, TPOT) forecast, alone on the cores; (None, None) for a
+    backend that has none."""
     if isinstance(replica, ForecastsTTFT):
-        return replica.predict_ttft_s(prompt_tokens, tier)
-    return None
+        return replica.predict_ttft_s(prompt_tokens, tier), replica.predict_tpot_s()
+    return None, None
 
 
 class ReplicaStats:
@@ -116,9 +121,11 @@ class ReplicaStats:
         return float(np.quantile(np.fromiter(self._ttfts, float), 0.9))
 
     def predict(self, load: int, prompt_tokens: int, output_tokens: int,
-                slowdown: float = 1.0, own_ttft_s: float | None = None) -> Prediction:
-        """`own_ttft_s`: the engine's own forecast from its admitted work (alone on the
-        cores), used instead of the learnt fit when there is one."""
+                slowdown: float = 1.0, own_ttft_s: float | None = None,
+                own_tpot_s: float | None = None) -> Prediction:
+        """`own_ttft_s`, `own_tpot_s`: the engine's own forecast from its admitted work and
+        its decode step now (alone on the cores), used instead of the learnt fit when there
+        is one; the TPOT is the larger of the two (the learnt one sees prompt chunks too)."""
         if own_ttft_s is not None:
             ttft = own_ttft_s
             queue = max(0.0, own_ttft_s - self.coef()[0]) if self.samples >= 3 else 0.0
@@ -130,7 +137,10 @@ class ReplicaStats:
             queue = per_req * load
             ttft = base + queue + per_ktok * prompt_tokens / 1000.0
         k = max(slowdown, 1.0)
-        total = k * (ttft + max(0, output_tokens - 1) * self.tpot_s)
+        tpot = self.tpot_s
+        if own_tpot_s is not None:
+            tpot = own_tpot_s if self.samples < 3 else max(tpot, own_tpot_s)
+        total = k * (ttft + max(0, output_tokens - 1) * tpot)
         return Prediction(k * ttft, total, k * queue)
 
 

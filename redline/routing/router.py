@@ -200,7 +200,7 @@ class Router:
             # local models: others' work on the same cores, and the engine's own forecast
             # from the work it already admitted (its slots and queue)
             p = stats.predict(r.load(), prompt_tokens, stats.expected_tokens(max_tokens),
-                              slowdown_of(r), own_forecast(r, prompt_tokens, tier))
+                              slowdown_of(r), *own_forecast(r, prompt_tokens, tier))
             if best is None or p.ttft_s < best.ttft_s:
                 best = p
         return best
@@ -235,6 +235,10 @@ class Router:
         t0 = time.perf_counter()
         tier, candidates, _ = self.decide(request)
         p = self._plan(tier, candidates, request)
+        if log.isEnabledFor(logging.DEBUG) and p.predicted is not None:
+            log.debug("plan: tier %s -> %s (predicted TTFT %.2fs, total %.2fs%s)", tier,
+                      "/".join(p.order), p.predicted.ttft_s, p.predicted.total_s,
+                      ", degraded" if p.degraded else "")
         would_miss = False
         if p.degraded and p.predicted is not None:
             budget = self._budgets[tier]
