@@ -53,3 +53,15 @@ async def test_a_dropped_keep_alive_connection_is_retried_on_a_fresh_one() -> No
     finally:
         server.close()
         await server.wait_closed()
+
+
+async def test_redline_bench_shows_progress_while_it_runs(capsys) -> None:  # type: ignore[no-untyped-def]
+    from redline.bench.cli import progress
+    from redline.bench.loadgen import Sample
+
+    seen = [Sample(ok=True), Sample(ok=False), Sample(ok=True)]
+    ticker = asyncio.create_task(progress("round 1/1 t c=2", seen, 5, tick_s=0.005))
+    await asyncio.sleep(0.2)  # well over 10 ticks: a log gets a line every 10
+    ticker.cancel()
+    err = capsys.readouterr().err
+    assert "round 1/1 t c=2: 3/5 done, 1 failed" in err

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 from pathlib import Path
 
 import pytest
@@ -28,8 +29,13 @@ def small_evalset():  # type: ignore[no-untyped-def]
     return dataclasses.replace(ev, questions=ev.questions[:12])
 
 
-def test_tight_gate_refuses_q2k_with_numbers(smol: Path, tmp_path: Path) -> None:
+def test_tight_gate_refuses_q2k_with_numbers(smol: Path, tmp_path: Path,
+                                            caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="redline.optimize")
     report = optimize_gguf(smol, tmp_path, Gate(0.01), small_evalset(), ["Q2_K"], "smol")
+    # minutes of work show where they are: each variant's stages, numbered
+    said = caplog.text
+    assert "[1/2]" in said and "[2/2] Q2_K: quality" in said and "[2/2] Q2_K: speed" in said
     ref, q2 = report.results
     assert ref.reference and ref.kind == "MOSTLY_Q4_1"
     assert not q2.passed

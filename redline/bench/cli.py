@@ -11,9 +11,10 @@ import argparse
 import asyncio
 import json
 import sys
+import time
 from typing import Any
 
-from redline.bench.loadgen import Body, RunResult, Target, run_closed, run_poisson
+from redline.bench.loadgen import Body, RunResult, Sample, Target, run_closed, run_poisson
 from redline.bench.report import summarize, table
 
 QUESTIONS = (
@@ -97,13 +98,39 @@ async def _bench(args: argparse.Namespace) -> list[RunResult]:
         for level in levels:
             order = targets if r % 2 == 0 else list(reversed(targets))
             for t in order:
-                if args.rate is not None:
-                    res = await run_poisson(t, body, args.rate, args.requests, seed=r)
-                else:
-                    res = await run_closed(t, body, level, args.requests)
+                load = f"rate {args.rate}/s" if args.rate is not None else f"c={level}"
+                label = f"round {r + 1}/{args.rounds} {t.name} {load}"
+                seen: list[Sample] = []
+                ticker = asyncio.create_task(progress(label, seen, args.requests))
+                try:
+                    if args.rate is not None:
+                        res = await run_poisson(t, body, args.rate, args.requests, seed=r,
+                                                samples=seen)
+                    else:
+                        res = await run_closed(t, body, level, args.requests, samples=seen)
+                finally:
+                    ticker.cancel()
                 results.append(res)
-                print(f"  round {r + 1} {t.name} {summarize(res).load}: done", file=sys.stderr)
+                print(f"  {label}: done", file=sys.stderr)
     return results
+
+
+async def progress(label: str, seen: list[Sample], total: int, tick_s: float = 1.0) -> None:
+    """What a run has done so far, on stderr: every tick on a terminal (one line,
+    rewritten), every 10 ticks into a log."""
+    tty = sys.stderr.isatty()
+    start = time.perf_counter()
+    ticks = 0
+    while True:
+        await asyncio.sleep(tick_s)
+        ticks += 1
+        if not tty and ticks % 10:
+            continue
+        failed = sum(1 for x in seen if not x.ok)
+        line = (f"  {label}: {len(seen)}/{total} done, {failed} failed, "
+                f"{time.perf_counter() - start:.0f} s")
+        sys.stderr.write(f"\r{line}   " if tty else f"{line}\n")
+        sys.stderr.flush()
 
 
 def merge(results: list[RunResult]) -> list[RunResult]:

@@ -156,8 +156,10 @@ def _session(connections: int, timeout: float) -> aiohttp.ClientSession:
 
 
 async def run_closed(target: Target, make_body: Callable[[int], Body], concurrency: int,
-                     n_requests: int, timeout: float = 300.0) -> RunResult:
-    samples: list[Sample] = []
+                     n_requests: int, timeout: float = 300.0,
+                     samples: list[Sample] | None = None) -> RunResult:
+    """`samples`: a list to collect into as requests end (a progress display reads it)."""
+    samples = [] if samples is None else samples
     counter = iter(range(n_requests))
     async with _session(concurrency + 4, timeout) as client:
         async def worker() -> None:
@@ -172,16 +174,20 @@ async def run_closed(target: Target, make_body: Callable[[int], Body], concurren
 
 
 async def run_poisson(target: Target, make_body: Callable[[int], Body], rate: float,
-                      n_requests: int, seed: int = 0, timeout: float = 300.0) -> RunResult:
+                      n_requests: int, seed: int = 0, timeout: float = 300.0,
+                      samples: list[Sample] | None = None) -> RunResult:
     rng = random.Random(seed)
-    samples: list[Sample] = []
+    samples = [] if samples is None else samples
     async with _session(1000, timeout) as client:
+        async def one(i: int) -> None:
+            samples.append(await one_request(client, target, make_body(i)))
+
         tasks = []
         with no_gc_pauses():
             t0 = time.perf_counter()
             for i in range(n_requests):
-                tasks.append(asyncio.create_task(one_request(client, target, make_body(i))))
+                tasks.append(asyncio.create_task(one(i)))
                 await asyncio.sleep(rng.expovariate(rate))
-            samples = list(await asyncio.gather(*tasks))
+            await asyncio.gather(*tasks)
             wall = time.perf_counter() - t0
     return RunResult(target.name, 0, rate, wall, samples)

@@ -70,14 +70,19 @@ class Report:
 
 
 def _measure(c: Candidate, ids: list[int] | None, ev: EvalSet,
-             ref: tuple[object, list[str]] | None) -> tuple[Result, object, list[int]]:
+             ref: tuple[object, list[str]] | None, step: str = "") -> tuple[Result, object, list[int]]:
+    """`step`: "[i/n]" for the progress lines (each variant takes minutes)."""
     t0 = time.perf_counter()
+    log.info("%s %s: building and loading", step, c.name)
     runner = c.open()
     try:
         t1 = time.perf_counter()
         ids = ids if ids is not None else runner.tokenize(ev.heldout)
+        log.info("%s %s: quality (%d held-out tokens, %d questions)", step, c.name, len(ids),
+                 len(ev.questions))
         quality, scores = measure(runner, ids, ev, ref)  # type: ignore[arg-type]
         t2 = time.perf_counter()
+        log.info("%s %s: speed", step, c.name)
         speed = measure_speed(runner, ids)
         memory = runner.memory_bytes()
     finally:
@@ -94,14 +99,16 @@ def run_ladder(model: str, reference: Candidate, candidates: list[Candidate], ev
                source: str = "") -> Report:
     t0 = time.perf_counter()
     out_dir.mkdir(parents=True, exist_ok=True)
-    ref_result, ref_scores, ids = _measure(reference, None, ev, None)
+    n = len(candidates) + 1
+    ref_result, ref_scores, ids = _measure(reference, None, ev, None, f"[1/{n}]")
     log.info("reference %s: ppl %.3f, decode %.1f tok/s", reference.name,
              ref_result.quality.perplexity, ref_result.speed.decode_tok_s)
     results = [ref_result]
     kept: dict[str, Candidate] = {reference.name: reference}
-    for c in candidates:
+    for i, c in enumerate(candidates, start=2):
         try:
-            r, _, _ = _measure(c, ids, ev, (ref_scores, ref_result.quality.answers))
+            r, _, _ = _measure(c, ids, ev, (ref_scores, ref_result.quality.answers),
+                               f"[{i}/{n}]")
         except Exception:
             c.discard()
             raise
