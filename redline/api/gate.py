@@ -9,9 +9,10 @@ text completions, messages, responses) once the body is read, in this order:
     → token reservation (api/limits.py: 429 + Retry-After)
 
 Concurrent generations are counted per tenant (a managed key with limits of its own:
-per key; an open server: per client address) on this replica, from admission until the
-generation ends, as the pipeline reports it (`on_finish`): a stream whose client left
-and which still generates for a resume keeps its slot until it ends or is aborted. A
+per key; an open server: per client address), from admission until the generation ends
+as the pipeline reports it (`on_finish`), on this replica or, when the limits live in
+Redis, across replicas (api/slots.py): a stream whose client left and which still
+generates for a resume keeps its slot until it ends or is aborted. A
 request that fails before it generates gives its slot back when its response ends
 (`ReleaseSlots`); one whose end is never reported is freed after `generation_lease_s`.
 """
@@ -26,46 +27,15 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from redline.api.keyring import key_label
 from redline.api.limits import TenantLimiter, estimate_tokens, limit_key
+from redline.api.slots import GenerationSlots
 from redline.config import ApiKey, LimitsConfig
 from redline.errors import ModelNotFound, RateLimited
 from redline.store.base import Store, StoreUnavailable
+from redline.store.leases import RedisLeases
 from redline.telemetry.usage import UsageLog
 from redline.types import Finished, GenerationRequest
 
 SLOT_RETRY_AFTER_S = 1.0  # a slot frees when some generation ends: no window to wait for
-
-
-class Slots:
-    """Generations in flight per owner (request id -> since when)."""
-
-    def __init__(self, lease_s: float) -> None:
-        self.lease_s = lease_s
-        self.held: dict[str, dict[str, float]] = {}
-        self.owner: dict[str, str] = {}  # request id -> whose slot
-
-    def count(self, who: str) -> int:
-        held = self.held.get(who, {})
-        old = [rid for rid, since in held.items() if time.monotonic() - since > self.lease_s]
-        for rid in old:
-            self.release(rid)
-        return len(held)
-
-    def acquire(self, who: str, request_id: str, cap: int) -> bool:
-        if self.count(who) >= cap:
-            return False
-        self.held.setdefault(who, {})[request_id] = time.monotonic()
-        self.owner[request_id] = who
-        return True
-
-    def release(self, request_id: str) -> None:
-        who = self.owner.pop(request_id, None)
-        if who is None:
-            return
-        held = self.held.get(who)
-        if held is not None:
-            held.pop(request_id, None)
-            if not held:
-                del self.held[who]
 
 
 def budget_key(key_id: str, period_s: int, now: float) -> tuple[str, float]:
@@ -79,10 +49,11 @@ class GenerationGate:
     """`enter` for each live request; a pipeline observer (`on_finish`) for its end."""
 
     def __init__(self, limiter: TenantLimiter, limits: LimitsConfig, usage: UsageLog,
-                 store: Store) -> None:
+                 store: Store, leases: RedisLeases | None = None) -> None:
+        """`leases`: count the concurrent generations in Redis, across replicas."""
         self.limiter, self.usage, self.store = limiter, usage, store
         self.default_cap = limits.max_concurrent
-        self.slots = Slots(limits.generation_lease_s)
+        self.slots = GenerationSlots(limits.generation_lease_s, leases)
         self.budgets: dict[str, tuple[str, float]] = {}  # request id -> (counter, ttl)
         self.pending: set[asyncio.Task[None]] = set()
 
@@ -108,7 +79,7 @@ class GenerationGate:
         who = limit_key(scope, self.limiter.keyed)
         cap = (key.max_concurrent if key is not None else None) or self.default_cap
         if cap is not None:
-            if not self.slots.acquire(who, gen.id, cap):
+            if not await self.slots.acquire(who, gen.id, cap):
                 self.budgets.pop(gen.id, None)
                 raise RateLimited(f"Too many concurrent generations: limit {cap} at once "
                                   "(streams still generating for a resume count). Please try "
@@ -168,6 +139,7 @@ class GenerationGate:
     async def close(self) -> None:
         if self.pending:
             await asyncio.gather(*self.pending, return_exceptions=True)
+        await self.slots.close()
 
 
 class ReleaseSlots:
@@ -229,4 +201,4 @@ class JobGate:
             await asyncio.sleep(min(max(verdict.retry_after, 0.05), float(limiter.window)))
 
 
-__all__ = ["GenerationGate", "JobGate", "ReleaseSlots", "Slots", "budget_key"]
+__all__ = ["GenerationGate", "JobGate", "ReleaseSlots", "budget_key"]
