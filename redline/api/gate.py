@@ -21,11 +21,12 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from redline.api.keyring import key_label
+from redline.api.keyring import ManagedKeys, key_label
 from redline.api.limits import TenantLimiter, estimate_tokens, limit_key
 from redline.api.slots import GenerationSlots
 from redline.config import ApiKey, LimitsConfig
@@ -60,12 +61,38 @@ class GenerationGate:
     async def check(self, scope: Scope, gen: GenerationRequest) -> None:
         """The key's allowlist and budget only: what a request that becomes a job (it
         takes no slot; its tokens are charged as it runs) must pass as well."""
-        key: ApiKey | None = scope.get("state", {}).get("api_key")
-        if key is not None and key.models is not None and gen.model not in key.models:
-            raise ModelNotFound(f"The model `{gen.model}` does not exist or you do not have "
+        await self._check_key(scope.get("state", {}).get("api_key"), key_label(scope), gen.model)
+
+    async def check_budget(self, scope: Scope) -> None:
+        """The key's budget only (a batch: its lines' models are checked as they run)."""
+        await self._check_key(scope.get("state", {}).get("api_key"), key_label(scope), None)
+
+    async def _check_key(self, key: ApiKey | None, label: str, model: str | None) -> None:
+        if key is None:
+            return
+        if model is not None and key.models is not None and model not in key.models:
+            raise ModelNotFound(f"The model `{model}` does not exist or you do not have "
                                 "access to it.", param="model")
+        if key.budget_tokens is not None:
+            await self._check_budget(key.budget_tokens, key.budget_period_s, label)
+
+    async def enter_job(self, gen: GenerationRequest, label: str, key: ApiKey | None) -> None:
+        """A job or batch line made with the key `label` (`key`: its entry; None when it
+        is gone or unknown here) is held to that key as a live request is: its allowlist
+        and budget now, its tokens charged to the budget and its usage counted under it
+        when it ends."""
+        await self._check_key(key, label, gen.model)
         if key is not None and key.budget_tokens is not None:
-            await self._check_budget(key.budget_tokens, key.budget_period_s, key_label(scope))
+            if len(self.budgets) > 100_000:  # lines that failed before they ran: the oldest go
+                for rid in list(self.budgets)[:50_000]:
+                    del self.budgets[rid]
+            self.budgets[gen.id] = budget_key(label, key.budget_period_s, time.time())
+        self.usage.note_key(gen.id, label)
+
+    def forget(self, request_id: str) -> None:
+        """A request let in by `enter_job` that will not run after all."""
+        self.budgets.pop(request_id, None)
+        self.usage.keys.pop(request_id, None)
 
     async def enter(self, scope: Scope, gen: GenerationRequest, checked: bool = False) -> None:
         """`checked`: the caller ran `check` for this request already (one budget read)."""
@@ -178,12 +205,40 @@ class JobGate:
     """Background jobs and batch lines through their tenant's limits as they run (the
     jobs' `Gate`): each counts one request and reserves its tokens; over the limit it
     waits for the window (Retry-After) instead of failing, so a batch paces itself and
-    leaves its tenant's live requests only what is left."""
+    leaves its tenant's live requests only what is left. One made with an API key is
+    also held to that key (`GenerationGate.enter_job`): a model outside its allowlist is
+    a 404 and a spent budget a 429 for it, its tokens are charged to the key's budget
+    and its usage is counted under the key."""
 
-    def __init__(self, limiter: TenantLimiter) -> None:
-        self.limiter = limiter
+    def __init__(self, limiter: TenantLimiter, gate: GenerationGate | None = None,
+                 keys: ManagedKeys | None = None, config_keys: Sequence[ApiKey] = ()) -> None:
+        """`gate`, `keys`, `config_keys`: to hold each job to the key it was made with."""
+        self.limiter, self.gate, self.keys = limiter, gate, keys
+        self.config_keys = {k.name: k for k in config_keys}
 
-    async def enter(self, tenant: str, request: Any) -> None:
+    async def enter(self, tenant: str, request: Any, key: str | None = None) -> None:
+        if key is not None and self.gate is not None:
+            await self.gate.enter_job(request, key, await self._key(key))
+        try:
+            await self._pace(tenant, request)
+        except BaseException:
+            if self.gate is not None:
+                self.gate.forget(request.id)
+            raise
+
+    async def _key(self, label: str) -> ApiKey | None:
+        """The entry of the key a job names: a config key by name, a managed one by id."""
+        if label in self.config_keys:
+            return self.config_keys[label]
+        if self.keys is None or not label.startswith("key_"):
+            return None
+        try:
+            record = await self.keys.by_id(label)
+        except StoreUnavailable:
+            return None  # fail open, as the budget check does
+        return None if record is None else record.key
+
+    async def _pace(self, tenant: str, request: Any) -> None:
         limiter = self.limiter
         tokens, tpm = estimate_tokens(request), limiter.quota(tenant).tpm
         if tpm and tokens > tpm:  # it would wait forever: the client's mistake, a 429 now

@@ -161,12 +161,12 @@ def build(config: RedlineConfig, backends: Mapping[str, Backend] | None = None,
         *observers,
     ]
     pipeline = Pipeline(router, metrics, cache, experiments, told)
-    job_gate = JobGate(limiter)
+    keys = ManagedKeys(KeyStore(store), config.auth.key_cache_s)
+    job_gate = JobGate(limiter, gate, keys, config.auth.keys)  # jobs are charged to their key
     background = Background(pipeline, streams, store, config.responses.ttl_s, job_gate)
     jobs = JobService(config.jobs, Path(config.server.data_dir), config.store.url,
                       pipeline, metrics.jobs, decode_body, job_gate,
                       respond=background.run)  # background responses (/v1/responses)
-    keys = ManagedKeys(KeyStore(store), config.auth.key_cache_s)
     return Services(config, metrics, store, pipeline, streams, limiter, longtail, live, jobs,
                     experiments, keys, usage, gate)
 
