@@ -41,6 +41,7 @@ from limits.aio.strategies import (
 from limits.storage import storage_from_string
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from redline.api import anthropic
 from redline.api.middleware import send_error
 from redline.breaker import CircuitBreaker
 from redline.config import ApiKey, LimitsConfig
@@ -369,7 +370,10 @@ class RateLimit:
         verdict = await self.limiter.admit(limit_key(scope, self.limiter.keyed))
         if not verdict.allowed:
             err = RateLimited(verdict.message, retry_after=verdict.retry_after)
-            await send_error(send, err, headers=list(verdict.headers))
+            if scope["path"] == "/v1/messages":  # Anthropic's clients read Anthropic's shape
+                await anthropic.send_error(send, err, verdict.headers)
+            else:
+                await send_error(send, err, headers=list(verdict.headers))
             return None
 
         async def with_headers(message: Message) -> None:
