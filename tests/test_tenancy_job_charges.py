@@ -131,3 +131,17 @@ def test_batch_lines_are_charged_to_their_key_and_held_to_its_allowlist(
     wait_until(lambda: c.post("/v1/chat/completions", json=chat(),
                               headers=h(key)).status_code == 429, timeout=10)
     assert c.post("/v1/chat/completions", json=chat(), headers=h(USER)).status_code == 200
+
+
+def test_a_job_counts_against_its_keys_own_request_limit(client: TestClient) -> None:
+    c = client
+    key, _ = make_key(c, rpm=3)  # its own window, not its tenant's
+    r = c.post("/v1/chat/completions", json={**chat(), "background": True}, headers=h(key))
+    assert r.status_code == 202, r.text  # 1: the submission
+    job_id = r.json()["id"]
+    wait_until(lambda: c.get(f"/v1/jobs/{job_id}", headers=h(USER)).json()["status"]
+               == "succeeded", timeout=60)  # 2: the job as it ran (read with another key)
+    assert c.post("/v1/chat/completions", json=chat(), headers=h(key)).status_code == 200  # 3
+    r = c.post("/v1/chat/completions", json=chat(), headers=h(key))
+    assert r.status_code == 429 and "RPM" in r.json()["error"]["message"], r.text
+    assert c.post("/v1/chat/completions", json=chat(), headers=h(USER)).status_code == 200

@@ -217,10 +217,16 @@ class JobGate:
         self.config_keys = {k.name: k for k in config_keys}
 
     async def enter(self, tenant: str, request: Any, key: str | None = None) -> None:
+        who = tenant
         if key is not None and self.gate is not None:
-            await self.gate.enter_job(request, key, await self._key(key))
+            entry = await self._key(key)
+            await self.gate.enter_job(request, key, entry)
+            if entry is not None and key not in self.config_keys and (
+                    entry.rpm or entry.tpm or entry.max_concurrent):
+                who = "key:" + key  # a managed key with limits of its own (limit_key)
+                self.limiter.learn_key(key, entry)
         try:
-            await self._pace(tenant, request)
+            await self._pace(who, request)
         except BaseException:
             if self.gate is not None:
                 self.gate.forget(request.id)

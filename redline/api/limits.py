@@ -143,10 +143,13 @@ class TenantLimiter:
         """A managed key's own limits, under its limit_key (they change only by rotation
         or a new key, so one entry per key, refreshed by each of its requests)."""
         state = scope.get("state", {})
-        key = state.get("api_key")
-        if state.get("key_id") and key is not None and (key.rpm or key.tpm):
-            self.quotas["key:" + str(state["key_id"])] = Quota(key.rpm or self.default.rpm,
-                                                               key.tpm or self.default.tpm)
+        if state.get("key_id") and state.get("api_key") is not None:
+            self.learn_key(str(state["key_id"]), state["api_key"])
+
+    def learn_key(self, key_id: str, key: ApiKey) -> None:
+        if key.rpm or key.tpm:
+            self.quotas["key:" + key_id] = Quota(key.rpm or self.default.rpm,
+                                                 key.tpm or self.default.tpm)
 
     def _item(self, amount: int) -> RateLimitItem:
         return RateLimitItemPerSecond(amount, self.window)
