@@ -30,11 +30,24 @@ def h(key: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {key}"}
 
 
+@pytest.fixture(params=["sqlite", "redis"])
+def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """The key is looked up by its id where the job runs: in SQLite, and in Redis (what
+    replicas share)."""
+    if request.param == "redis":
+        url: str = request.getfixturevalue("redis_server").rsplit("/", 1)[0] + "/12"
+        import redis
+
+        redis.Redis.from_url(url).flushdb()
+        return url
+    return f"sqlite:///{tmp_path / 'r.db'}"
+
+
 @pytest.fixture
-def client(tmp_path: Path) -> Iterator[TestClient]:
+def client(store_url: str, tmp_path: Path) -> Iterator[TestClient]:
     cfg = RedlineConfig(auth={"keys": [{"name": "ops", "sha256": digest(ADMIN), "role": "admin"},
                                        {"name": "team-a", "sha256": digest(USER)}]},
-                        store={"url": f"sqlite:///{tmp_path / 'r.db'}"},
+                        store={"url": store_url},
                         server={"data_dir": str(tmp_path)}, cache={"enabled": False},
                         routing={"classifier": "off"})
     app = create_app(cfg, backends={"fake": FakeBackend(), "other": FakeBackend("other")})
