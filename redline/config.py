@@ -370,10 +370,15 @@ class LimitsConfig(_Section):
     max_connections: int = Field(1024, ge=1, description="more open connections: 503 at once")
     drain_timeout_s: float = Field(30.0, ge=0, description="SIGTERM: running requests get this long")
     max_concurrent: int | None = Field(None, ge=1, description="generations at once per tenant "
-                                       "on each replica (abandoned streams still generating "
-                                       "count); over it: 429. None = no cap")
+                                       "(abandoned streams still generating count); over it: "
+                                       "429. Counted in Redis across replicas when the limits "
+                                       "live there, else on each replica. None = no cap")
     generation_lease_s: float = Field(3600.0, gt=0, description="a generation slot whose end "
                                       "was never reported is freed after this long (a backstop)")
+    concurrent_lease_s: float = Field(15.0, gt=0, description="in Redis, each slot is a lease "
+                                      "its replica renews every third of this while the "
+                                      "generation runs: a crashed replica's slots come back "
+                                      "after it")
 
 
 class StoreConfig(_Section):

@@ -207,7 +207,7 @@ def test_a_key_the_store_cannot_check_is_a_503_not_a_401() -> None:
 
 
 def test_a_generation_slot_never_reported_is_freed_after_its_lease() -> None:
-    from redline.api.gate import Slots
+    from redline.api.slots import Slots
 
     slots = Slots(lease_s=0.05)
     assert slots.acquire("t", "r1", cap=1) and not slots.acquire("t", "r2", cap=1)

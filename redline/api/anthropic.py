@@ -10,12 +10,15 @@ never dropped."""
 from __future__ import annotations
 
 import json
+import math
+from collections.abc import Sequence
 from typing import Any, Literal
 
 import orjson
 from pydantic import BaseModel, ConfigDict, Field
+from starlette.types import Send
 
-from redline.errors import InvalidRequest
+from redline.errors import InvalidRequest, RedlineError
 from redline.types import (
     ChoiceAnswer,
     ContentPart,
@@ -218,6 +221,23 @@ def error_body(status: int, message: str) -> dict[str, Any]:
             404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error",
             529: "overloaded_error", 503: "overloaded_error"}.get(status, "api_error")
     return {"type": "error", "error": {"type": kind, "message": message}}
+
+
+def error_headers(retry_after: float | None) -> dict[str, str]:
+    """`Retry-After` for an error that has one (429, 503), in whole seconds and at least
+    one, as the OpenAI routes write it (api/errors.py)."""
+    return {} if retry_after is None else {"Retry-After": str(max(1, math.ceil(retry_after)))}
+
+
+async def send_error(send: Send, err: RedlineError,
+                     extra: Sequence[tuple[bytes, bytes]] = ()) -> None:
+    """An error in Anthropic's shape from ASGI middleware (a 429 before the route runs)."""
+    body = orjson.dumps(error_body(err.status, err.message))
+    headers = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body)),
+               *extra, *((k.lower().encode(), v.encode())
+                         for k, v in error_headers(err.retry_after).items())]
+    await send({"type": "http.response.start", "status": err.status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
 
 
 class Blocks:

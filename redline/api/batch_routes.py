@@ -14,6 +14,7 @@ from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict, Field
 
 from redline.api.jobs_routes import idempotency_key
+from redline.api.keyring import key_label
 from redline.api.schemas import Notify
 from redline.api.services import services_of
 from redline.api.tenant import tenant_of
@@ -108,12 +109,13 @@ async def create_batch(body: CreateBatch, request: Request) -> dict[str, Any]:
         raise InvalidRequest(f"endpoint must be one of {sorted(ENDPOINTS)}", param="endpoint")
     if body.completion_window != "24h":
         raise InvalidRequest("completion_window must be '24h'", param="completion_window")
+    await services_of(request.app).gate.check_budget(request.scope)  # spent: 429 now
     notify = body.notify.model_dump(exclude_none=True) if body.notify else {}
     job = await _jobs(request).submit_batch(
         body.input_file_id, body.endpoint, body.completion_window, body.metadata,
         tenant=tenant_of(request),
         notify={k: v for k, v in notify.items() if k in ("webhook", "email")},
-        idempotency_key=idempotency_key(request))
+        idempotency_key=idempotency_key(request), key=key_label(request.scope))
     return describe_batch(job)
 
 

@@ -9,9 +9,10 @@ text completions, messages, responses) once the body is read, in this order:
     → token reservation (api/limits.py: 429 + Retry-After)
 
 Concurrent generations are counted per tenant (a managed key with limits of its own:
-per key; an open server: per client address) on this replica, from admission until the
-generation ends, as the pipeline reports it (`on_finish`): a stream whose client left
-and which still generates for a resume keeps its slot until it ends or is aborted. A
+per key; an open server: per client address), from admission until the generation ends
+as the pipeline reports it (`on_finish`), on this replica or, when the limits live in
+Redis, across replicas (api/slots.py): a stream whose client left and which still
+generates for a resume keeps its slot until it ends or is aborted. A
 request that fails before it generates gives its slot back when its response ends
 (`ReleaseSlots`); one whose end is never reported is freed after `generation_lease_s`.
 """
@@ -20,52 +21,22 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from redline.api.keyring import key_label
+from redline.api.keyring import ManagedKeys, key_label
 from redline.api.limits import TenantLimiter, estimate_tokens, limit_key
+from redline.api.slots import GenerationSlots
 from redline.config import ApiKey, LimitsConfig
 from redline.errors import ModelNotFound, RateLimited
 from redline.store.base import Store, StoreUnavailable
+from redline.store.leases import RedisLeases
 from redline.telemetry.usage import UsageLog
 from redline.types import Finished, GenerationRequest
 
 SLOT_RETRY_AFTER_S = 1.0  # a slot frees when some generation ends: no window to wait for
-
-
-class Slots:
-    """Generations in flight per owner (request id -> since when)."""
-
-    def __init__(self, lease_s: float) -> None:
-        self.lease_s = lease_s
-        self.held: dict[str, dict[str, float]] = {}
-        self.owner: dict[str, str] = {}  # request id -> whose slot
-
-    def count(self, who: str) -> int:
-        held = self.held.get(who, {})
-        old = [rid for rid, since in held.items() if time.monotonic() - since > self.lease_s]
-        for rid in old:
-            self.release(rid)
-        return len(held)
-
-    def acquire(self, who: str, request_id: str, cap: int) -> bool:
-        if self.count(who) >= cap:
-            return False
-        self.held.setdefault(who, {})[request_id] = time.monotonic()
-        self.owner[request_id] = who
-        return True
-
-    def release(self, request_id: str) -> None:
-        who = self.owner.pop(request_id, None)
-        if who is None:
-            return
-        held = self.held.get(who)
-        if held is not None:
-            held.pop(request_id, None)
-            if not held:
-                del self.held[who]
 
 
 def budget_key(key_id: str, period_s: int, now: float) -> tuple[str, float]:
@@ -79,22 +50,49 @@ class GenerationGate:
     """`enter` for each live request; a pipeline observer (`on_finish`) for its end."""
 
     def __init__(self, limiter: TenantLimiter, limits: LimitsConfig, usage: UsageLog,
-                 store: Store) -> None:
+                 store: Store, leases: RedisLeases | None = None) -> None:
+        """`leases`: count the concurrent generations in Redis, across replicas."""
         self.limiter, self.usage, self.store = limiter, usage, store
         self.default_cap = limits.max_concurrent
-        self.slots = Slots(limits.generation_lease_s)
+        self.slots = GenerationSlots(limits.generation_lease_s, leases)
         self.budgets: dict[str, tuple[str, float]] = {}  # request id -> (counter, ttl)
         self.pending: set[asyncio.Task[None]] = set()
 
     async def check(self, scope: Scope, gen: GenerationRequest) -> None:
         """The key's allowlist and budget only: what a request that becomes a job (it
         takes no slot; its tokens are charged as it runs) must pass as well."""
-        key: ApiKey | None = scope.get("state", {}).get("api_key")
-        if key is not None and key.models is not None and gen.model not in key.models:
-            raise ModelNotFound(f"The model `{gen.model}` does not exist or you do not have "
+        await self._check_key(scope.get("state", {}).get("api_key"), key_label(scope), gen.model)
+
+    async def check_budget(self, scope: Scope) -> None:
+        """The key's budget only (a batch: its lines' models are checked as they run)."""
+        await self._check_key(scope.get("state", {}).get("api_key"), key_label(scope), None)
+
+    async def _check_key(self, key: ApiKey | None, label: str, model: str | None) -> None:
+        if key is None:
+            return
+        if model is not None and key.models is not None and model not in key.models:
+            raise ModelNotFound(f"The model `{model}` does not exist or you do not have "
                                 "access to it.", param="model")
+        if key.budget_tokens is not None:
+            await self._check_budget(key.budget_tokens, key.budget_period_s, label)
+
+    async def enter_job(self, gen: GenerationRequest, label: str, key: ApiKey | None) -> None:
+        """A job or batch line made with the key `label` (`key`: its entry; None when it
+        is gone or unknown here) is held to that key as a live request is: its allowlist
+        and budget now, its tokens charged to the budget and its usage counted under it
+        when it ends."""
+        await self._check_key(key, label, gen.model)
         if key is not None and key.budget_tokens is not None:
-            await self._check_budget(key.budget_tokens, key.budget_period_s, key_label(scope))
+            if len(self.budgets) > 100_000:  # lines that failed before they ran: the oldest go
+                for rid in list(self.budgets)[:50_000]:
+                    del self.budgets[rid]
+            self.budgets[gen.id] = budget_key(label, key.budget_period_s, time.time())
+        self.usage.note_key(gen.id, label)
+
+    def forget(self, request_id: str) -> None:
+        """A request let in by `enter_job` that will not run after all."""
+        self.budgets.pop(request_id, None)
+        self.usage.keys.pop(request_id, None)
 
     async def enter(self, scope: Scope, gen: GenerationRequest, checked: bool = False) -> None:
         """`checked`: the caller ran `check` for this request already (one budget read)."""
@@ -108,7 +106,7 @@ class GenerationGate:
         who = limit_key(scope, self.limiter.keyed)
         cap = (key.max_concurrent if key is not None else None) or self.default_cap
         if cap is not None:
-            if not self.slots.acquire(who, gen.id, cap):
+            if not await self.slots.acquire(who, gen.id, cap):
                 self.budgets.pop(gen.id, None)
                 raise RateLimited(f"Too many concurrent generations: limit {cap} at once "
                                   "(streams still generating for a resume count). Please try "
@@ -168,6 +166,7 @@ class GenerationGate:
     async def close(self) -> None:
         if self.pending:
             await asyncio.gather(*self.pending, return_exceptions=True)
+        await self.slots.close()
 
 
 class ReleaseSlots:
@@ -206,12 +205,46 @@ class JobGate:
     """Background jobs and batch lines through their tenant's limits as they run (the
     jobs' `Gate`): each counts one request and reserves its tokens; over the limit it
     waits for the window (Retry-After) instead of failing, so a batch paces itself and
-    leaves its tenant's live requests only what is left."""
+    leaves its tenant's live requests only what is left. One made with an API key is
+    also held to that key (`GenerationGate.enter_job`): a model outside its allowlist is
+    a 404 and a spent budget a 429 for it, its tokens are charged to the key's budget
+    and its usage is counted under the key."""
 
-    def __init__(self, limiter: TenantLimiter) -> None:
-        self.limiter = limiter
+    def __init__(self, limiter: TenantLimiter, gate: GenerationGate | None = None,
+                 keys: ManagedKeys | None = None, config_keys: Sequence[ApiKey] = ()) -> None:
+        """`gate`, `keys`, `config_keys`: to hold each job to the key it was made with."""
+        self.limiter, self.gate, self.keys = limiter, gate, keys
+        self.config_keys = {k.name: k for k in config_keys}
 
-    async def enter(self, tenant: str, request: Any) -> None:
+    async def enter(self, tenant: str, request: Any, key: str | None = None) -> None:
+        who = tenant
+        if key is not None and self.gate is not None:
+            entry = await self._key(key)
+            await self.gate.enter_job(request, key, entry)
+            if entry is not None and key not in self.config_keys and (
+                    entry.rpm or entry.tpm or entry.max_concurrent):
+                who = "key:" + key  # a managed key with limits of its own (limit_key)
+                self.limiter.learn_key(key, entry)
+        try:
+            await self._pace(who, request)
+        except BaseException:
+            if self.gate is not None:
+                self.gate.forget(request.id)
+            raise
+
+    async def _key(self, label: str) -> ApiKey | None:
+        """The entry of the key a job names: a config key by name, a managed one by id."""
+        if label in self.config_keys:
+            return self.config_keys[label]
+        if self.keys is None or not label.startswith("key_"):
+            return None
+        try:
+            record = await self.keys.by_id(label)
+        except StoreUnavailable:
+            return None  # fail open, as the budget check does
+        return None if record is None else record.key
+
+    async def _pace(self, tenant: str, request: Any) -> None:
         limiter = self.limiter
         tokens, tpm = estimate_tokens(request), limiter.quota(tenant).tpm
         if tpm and tokens > tpm:  # it would wait forever: the client's mistake, a 429 now
@@ -229,4 +262,4 @@ class JobGate:
             await asyncio.sleep(min(max(verdict.retry_after, 0.05), float(limiter.window)))
 
 
-__all__ = ["GenerationGate", "JobGate", "ReleaseSlots", "Slots", "budget_key"]
+__all__ = ["GenerationGate", "JobGate", "ReleaseSlots", "budget_key"]

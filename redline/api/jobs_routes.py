@@ -8,6 +8,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
+from redline.api.keyring import key_label
 from redline.api.schemas import ChatCompletionRequest, CompletionRequest
 from redline.api.services import services_of
 from redline.api.tenant import tenant_of
@@ -49,7 +50,7 @@ async def accept(request: Request, body: ChatCompletionRequest | CompletionReque
     gen.tier = "B"  # the worker serves it with tier B's budget (no tier-S shortening)
     notify = body.notify.model_dump(exclude_none=True) if body.notify else {}
     endpoint: Endpoint = "chat" if kind == "chat" else "text"
-    job = await _jobs(request).submit(JobSpec.of(endpoint, gen),
+    job = await _jobs(request).submit(JobSpec.of(endpoint, gen, key_label(request.scope)),
                                       {k: v for k, v in notify.items()
                                        if k in ("webhook", "email")},
                                       idempotency_key(request))

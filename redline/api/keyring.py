@@ -60,6 +60,7 @@ class ManagedKeys:
     def __init__(self, keys: KeyStore, ttl_s: float) -> None:
         self.keys, self.ttl_s = keys, ttl_s
         self.seen: dict[str, tuple[KeyRecord, float]] = {}
+        self.ids: dict[str, tuple[KeyRecord | None, float]] = {}  # key id -> record, until
 
     async def find(self, presented: str) -> KeyRecord | None:
         wanted = digest(presented)
@@ -74,6 +75,19 @@ class ManagedKeys:
         if len(self.seen) > 10_000:  # bounded: drop what has expired
             self.seen = {d: v for d, v in self.seen.items() if v[1] > now}
         self.seen[wanted] = (record, now + self.ttl_s)
+        return record
+
+    async def by_id(self, key_id: str) -> KeyRecord | None:
+        """The record of a managed key by its id (what a job carries to be charged to
+        it), remembered for `ttl_s` like a lookup by secret; None once revoked."""
+        now = time.monotonic()
+        hit = self.ids.get(key_id)
+        if hit is not None and hit[1] > now:
+            return hit[0]
+        record = await self.keys.get(key_id)
+        if len(self.ids) > 10_000:
+            self.ids = {i: v for i, v in self.ids.items() if v[1] > now}
+        self.ids[key_id] = (record, now + self.ttl_s)
         return record
 
     def forget(self, sha256: str) -> None:

@@ -41,6 +41,7 @@ from limits.aio.strategies import (
 from limits.storage import storage_from_string
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from redline.api import anthropic
 from redline.api.middleware import send_error
 from redline.breaker import CircuitBreaker
 from redline.config import ApiKey, LimitsConfig
@@ -142,10 +143,13 @@ class TenantLimiter:
         """A managed key's own limits, under its limit_key (they change only by rotation
         or a new key, so one entry per key, refreshed by each of its requests)."""
         state = scope.get("state", {})
-        key = state.get("api_key")
-        if state.get("key_id") and key is not None and (key.rpm or key.tpm):
-            self.quotas["key:" + str(state["key_id"])] = Quota(key.rpm or self.default.rpm,
-                                                               key.tpm or self.default.tpm)
+        if state.get("key_id") and state.get("api_key") is not None:
+            self.learn_key(str(state["key_id"]), state["api_key"])
+
+    def learn_key(self, key_id: str, key: ApiKey) -> None:
+        if key.rpm or key.tpm:
+            self.quotas["key:" + key_id] = Quota(key.rpm or self.default.rpm,
+                                                 key.tpm or self.default.tpm)
 
     def _item(self, amount: int) -> RateLimitItem:
         return RateLimitItemPerSecond(amount, self.window)
@@ -369,7 +373,10 @@ class RateLimit:
         verdict = await self.limiter.admit(limit_key(scope, self.limiter.keyed))
         if not verdict.allowed:
             err = RateLimited(verdict.message, retry_after=verdict.retry_after)
-            await send_error(send, err, headers=list(verdict.headers))
+            if scope["path"] == "/v1/messages":  # Anthropic's clients read Anthropic's shape
+                await anthropic.send_error(send, err, verdict.headers)
+            else:
+                await send_error(send, err, headers=list(verdict.headers))
             return None
 
         async def with_headers(message: Message) -> None:

@@ -23,9 +23,9 @@ from redline.types import Chunk, assemble
 router = APIRouter()
 
 
-def _error(status: int, message: str) -> Response:
+def _error(status: int, message: str, retry_after: float | None = None) -> Response:
     return Response(orjson.dumps(anthropic.error_body(status, message)), status_code=status,
-                    media_type="application/json")
+                    media_type="application/json", headers=anthropic.error_headers(retry_after))
 
 
 @router.post("/v1/messages", response_model=None)
@@ -47,8 +47,8 @@ async def messages(request: Request) -> Response:
         await services.gate.enter(request.scope, gen)  # per-key limits
         pipeline = services.pipeline
         completion = await pipeline.complete(gen)
-    except RedlineError as exc:
-        return _error(exc.status, exc.message)
+    except RedlineError as exc:  # a 429 or 503 says when to try again, as on the OpenAI routes
+        return _error(exc.status, exc.message, exc.retry_after)
     msg_id = gen.id.replace("req-", "msg_")
     extra = {"X-Redline-Model": completion.model, "X-Redline-Tier": completion.tier,
              "X-Redline-Cache": completion.cache, "request-id": msg_id}

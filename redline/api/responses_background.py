@@ -39,11 +39,13 @@ WAIT_MIN_S, WAIT_MAX_S = 0.005, 0.1  # polling for a queued response's stream to
 
 
 def spec(snapshot: dict[str, Any], body: rq.ResponsesRequest, items: list[dict[str, Any]],
-         context: list[dict[str, Any]], tier: str | None, no_cache: bool) -> dict[str, Any]:
-    """What the job carries: the request as it came, its items, and the queued
-    Response (the job book keeps it durable even where the store is memory)."""
+         context: list[dict[str, Any]], tier: str | None, no_cache: bool,
+         key: str | None = None) -> dict[str, Any]:
+    """What the job carries: the request as it came, its items, the queued Response
+    (the job book keeps it durable even where the store is memory) and the API key it
+    was made with (charged for it)."""
     return {"response": snapshot, "body": body.model_dump(mode="json", exclude_none=True),
-            "items": items, "context": context, "tier": tier, "no_cache": no_cache}
+            "items": items, "context": context, "tier": tier, "no_cache": no_cache, "key": key}
 
 
 def view(job: Job | None, response: dict[str, Any] | None) -> dict[str, Any] | None:
@@ -86,7 +88,7 @@ class Background:
             await self.streams.journal.drop(job.id)
         try:
             if self.gate is not None:  # counts against its tenant's limits, as jobs do
-                await self.gate.enter(job.tenant, gen)
+                await self.gate.enter(job.tenant, gen, s.get("key"))
             completion = await truncation.complete(
                 self.pipeline, gen, body.truncation, context + items,
                 lambda chain: rq.generation(body, chain, s["tier"], job.tenant, s["no_cache"]))

@@ -25,6 +25,7 @@ from redline.api import capabilities, sse
 from redline.api import responses_background as bg
 from redline.api import responses_request as rq
 from redline.api import responses_truncation as truncation
+from redline.api.keyring import key_label
 from redline.api.responses_output import response_json
 from redline.api.responses_run import Run
 from redline.api.services import services_of
@@ -87,6 +88,7 @@ async def create(request: Request) -> Response:
         capabilities.check(services.config, gen)
         if body.background:  # the router's capability check now: the job decides later
             services.pipeline.router.check(gen)
+            await services.gate.check(request.scope, gen)  # the key's allowlist and budget
         else:
             await services.gate.enter(request.scope, gen)  # per-key limits
             completion = await truncation.complete(  # the router checks capabilities
@@ -97,7 +99,8 @@ async def create(request: Request) -> Response:
         raise
     if body.background:
         return await _background(request, body, gen.id.replace("req-", "resp_"), tenant,
-                                 bg.spec({}, body, items, context, tier, no_cache), records)
+                                 bg.spec({}, body, items, context, tier, no_cache,
+                                         key_label(request.scope)), records)
     response_id = gen.id.replace("req-", "resp_")
     headers = {"X-Request-Id": response_id, "X-Redline-Model": completion.model,
                "X-Redline-Tier": completion.tier, "X-Redline-Cache": completion.cache}

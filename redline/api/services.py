@@ -21,7 +21,7 @@ from typing import Any
 from redline.api.gate import GenerationGate, JobGate
 from redline.api.job_body import decode_body
 from redline.api.keyring import ManagedKeys
-from redline.api.limits import TenantLimiter
+from redline.api.limits import TenantLimiter, storage_url
 from redline.api.responses_background import Background
 from redline.backends.base import Backend
 from redline.cache import ResponseCache
@@ -34,6 +34,7 @@ from redline.routing.router import Router
 from redline.store import open_store
 from redline.store.base import Store
 from redline.store.keys import KeyStore
+from redline.store.leases import RedisLeases
 from redline.streams import StreamManager
 from redline.telemetry.live import LiveStats
 from redline.telemetry.longtail import Budget, LongTailLog
@@ -109,6 +110,17 @@ def library_threads(configured: int | None, kinds: Iterable[str]) -> int:
     return 1 if "local" in kinds else 0
 
 
+def shared_leases(config: RedlineConfig) -> RedisLeases | None:
+    """Leases in Redis for the concurrency cap, where the rate limits are counted in
+    Redis (replicas share them); None: each replica counts its own."""
+    if config.limits.max_concurrent is None and not config.auth.keys:
+        return None  # no cap anywhere (a managed key's own cap needs keys configured)
+    url = storage_url(config.limits, config.store.url).removeprefix("async+")
+    if not url.startswith(("redis://", "rediss://")):
+        return None
+    return RedisLeases(url, config.limits.concurrent_lease_s)
+
+
 def build(config: RedlineConfig, backends: Mapping[str, Backend] | None = None,
           observers: Sequence[Observer] = ()) -> Services:
     """`backends` replaces the configured ones (tests pass fakes); `observers` are told
@@ -136,7 +148,7 @@ def build(config: RedlineConfig, backends: Mapping[str, Backend] | None = None,
     longtail = LongTailLog(budgets, metrics, config.telemetry.slow_log_size, store=lambda: store)
     live = LiveStats(budgets) if config.telemetry.metrics else None
     usage = UsageLog(lambda: store, config.telemetry.usage_flush_s, config.telemetry.usage_retention_s)
-    gate = GenerationGate(limiter, config.limits, usage, store)
+    gate = GenerationGate(limiter, config.limits, usage, store, shared_leases(config))
     told: list[Observer] = [
         *([cache] if cache is not None else []),  # stores each fresh answer
         experiments.recorder,  # per-arm figures
@@ -149,14 +161,15 @@ def build(config: RedlineConfig, backends: Mapping[str, Backend] | None = None,
         *observers,
     ]
     pipeline = Pipeline(router, metrics, cache, experiments, told)
-    job_gate = JobGate(limiter)
+    keys = ManagedKeys(KeyStore(store), config.auth.key_cache_s)
+    job_gate = JobGate(limiter, gate, keys, config.auth.keys)  # jobs are charged to their key
     background = Background(pipeline, streams, store, config.responses.ttl_s, job_gate)
     jobs = JobService(config.jobs, Path(config.server.data_dir), config.store.url,
                       pipeline, metrics.jobs, decode_body, job_gate,
                       respond=background.run)  # background responses (/v1/responses)
-    keys = ManagedKeys(KeyStore(store), config.auth.key_cache_s)
     return Services(config, metrics, store, pipeline, streams, limiter, longtail, live, jobs,
                     experiments, keys, usage, gate)
 
 
-__all__ = ["Inflight", "Services", "build", "build_backend", "library_threads", "services_of"]
+__all__ = ["Inflight", "Services", "build", "build_backend", "library_threads", "services_of",
+           "shared_leases"]

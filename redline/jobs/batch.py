@@ -128,7 +128,7 @@ class BatchRunner:
         async def lane() -> None:
             while not queue.empty() and not ctx.cancel.is_set():
                 i = queue.get_nowait()
-                out = await self._answer(job.id, i, lines[i], job.tenant)
+                out = await self._answer(job.id, i, lines[i], job.tenant, job.spec.get("key"))
                 await asyncio.to_thread(self.records.put, self._key(job.id, i),
                                         json.dumps(out).encode())
                 done[i] = out
@@ -143,13 +143,14 @@ class BatchRunner:
                      or (o.get("response") or {}).get("status_code", 200) >= 400)
         ctx.progress.update(total=total, completed=len(done) - failed, failed=failed)
 
-    async def _answer(self, batch_id: str, i: int, line: BatchLine,
-                      tenant: str) -> dict[str, Any]:
+    async def _answer(self, batch_id: str, i: int, line: BatchLine, tenant: str,
+                      key: str | None) -> dict[str, Any]:
         out: dict[str, Any] = {"id": _line_id(batch_id, i), "custom_id": line.custom_id}
         for attempt in range(LINE_TRIES):
             try:
                 spec = self.decode(line.url, line.body)
-                spec = JobSpec(**{**spec.to_dict(), "tenant": tenant})
+                # the batch's tenant, and the key that made it (charged for each line)
+                spec = JobSpec(**{**spec.to_dict(), "tenant": tenant, "key": key})
                 body = await run_request(self.pipeline, spec, self.gate)
                 return out | {"response": {"status_code": 200, "request_id": body["id"],
                                            "body": body}, "error": None}

@@ -17,9 +17,11 @@ from redline.types import GenerationRequest, Usage
 
 class Gate(Protocol):
     """The tenant's limits, for requests that run as jobs: `enter` returns once the
-    request may run (it counts against them), waiting while they are spent."""
+    request may run (it counts against them), waiting while they are spent; `key`, the
+    API key the job was made with, is charged for it (its budget, its usage)."""
 
-    async def enter(self, tenant: str, request: GenerationRequest) -> None: ...
+    async def enter(self, tenant: str, request: GenerationRequest,
+                    key: str | None = None) -> None: ...
 
 
 async def run_request(pipeline: Pipeline, spec: JobSpec,
@@ -27,7 +29,7 @@ async def run_request(pipeline: Pipeline, spec: JobSpec,
     """The OpenAI response body for `spec`; raises RedlineError when it fails."""
     request = spec.request()
     if gate is not None:  # a background job or a batch line counts as its tenant's request
-        await gate.enter(spec.tenant, request)
+        await gate.enter(spec.tenant, request, spec.key)
     completion = await pipeline.complete(request)
     text: list[str] = []
     error: str | None = None

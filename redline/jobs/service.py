@@ -178,7 +178,8 @@ class JobService:
     async def submit_batch(self, input_file_id: str, endpoint: str, completion_window: str,
                            metadata: dict[str, str] | None, tenant: str = "anonymous",
                            notify: dict[str, str] | None = None,
-                           idempotency_key: str | None = None) -> Job:
+                           idempotency_key: str | None = None, key: str | None = None) -> Job:
+        """`key`: the API key that makes it, charged for each line as it runs."""
         meta_file = await self.files.get(input_file_id, tenant)
         if meta_file is None:  # another tenant's file is not found either
             raise InvalidRequest(f"No such File object: {input_file_id}", param="input_file_id",
@@ -203,7 +204,7 @@ class JobService:
         job = Job(id=job_id, kind="batch", notify=notify, tenant=tenant,
                   spec={"input_file_id": input_file_id, "endpoint": endpoint,
                         "completion_window": completion_window, "metadata": metadata,
-                        "tenant": tenant,
+                        "tenant": tenant, "key": key,
                         "total": len(lines) + len(errors)})
         if errors:  # OpenAI's way: the batch exists, and failed validation
             now = time.time()

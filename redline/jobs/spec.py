@@ -25,9 +25,10 @@ class JobSpec:
     use_cache: bool = True
     user: str | None = None
     refresh_cache: bool = False  # scheduled precompute: skip the lookup, store the answer
+    key: str | None = None  # the API key it was made with (its budget and usage); None: none
 
     @classmethod
-    def of(cls, endpoint: Endpoint, req: GenerationRequest) -> JobSpec:
+    def of(cls, endpoint: Endpoint, req: GenerationRequest, key: str | None = None) -> JobSpec:
         if not req.is_plain():  # this copy holds text and sampling only: refuse, never drop
             raise InvalidRequest("Background jobs and batches take plain text requests only "
                                  "(no tools, response_format, logprobs, n, penalties or "
@@ -38,7 +39,7 @@ class JobSpec:
                    messages=None if req.messages is None else
                    [(m.role, m.content) for m in req.messages],
                    prompt=req.prompt, tier=req.tier, tenant=req.tenant,
-                   use_cache=req.use_cache, user=req.user)
+                   use_cache=req.use_cache, user=req.user, key=key)
 
     def request(self) -> GenerationRequest:
         """A fresh request (new id, arrival now), as if it had just come in."""

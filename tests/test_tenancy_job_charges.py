@@ -1,0 +1,160 @@
+"""Jobs and batch lines are charged to the API key that made them (issue 21): its token
+budget, its model allowlist and its row in GET /v1/admin/usage, as a live request is."""
+
+from __future__ import annotations
+
+import io
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+from jobs_support import wait_until
+
+from redline.api.app import create_app
+from redline.api.auth import digest
+from redline.backends.fake import FakeBackend
+from redline.config import RedlineConfig
+
+ADMIN, USER = "sk-admin", "sk-team-a"
+
+
+def chat(max_tokens: int = 3, model: str = "fake") -> dict[str, Any]:
+    return {"model": model, "max_tokens": max_tokens,
+            "messages": [{"role": "user", "content": "hi"}]}
+
+
+def h(key: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}"}
+
+
+@pytest.fixture(params=["sqlite", "redis"])
+def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """The key is looked up by its id where the job runs: in SQLite, and in Redis (what
+    replicas share)."""
+    if request.param == "redis":
+        url: str = request.getfixturevalue("redis_server").rsplit("/", 1)[0] + "/12"
+        import redis
+
+        redis.Redis.from_url(url).flushdb()
+        return url
+    return f"sqlite:///{tmp_path / 'r.db'}"
+
+
+@pytest.fixture
+def client(store_url: str, tmp_path: Path) -> Iterator[TestClient]:
+    cfg = RedlineConfig(auth={"keys": [{"name": "ops", "sha256": digest(ADMIN), "role": "admin"},
+                                       {"name": "team-a", "sha256": digest(USER)}]},
+                        store={"url": store_url},
+                        server={"data_dir": str(tmp_path)}, cache={"enabled": False},
+                        routing={"classifier": "off"})
+    app = create_app(cfg, backends={"fake": FakeBackend(), "other": FakeBackend("other")})
+    with TestClient(app) as c:
+        wait_until(lambda: c.get("/readyz").status_code == 200, timeout=60)
+        yield c
+
+
+def make_key(c: TestClient, **spec: Any) -> tuple[str, str]:
+    r = c.post("/v1/admin/keys", json={"tenant": "team-a", **spec}, headers=h(ADMIN))
+    assert r.status_code == 200, r.text
+    return str(r.json()["key"]), str(r.json()["id"])
+
+
+def usage_of(c: TestClient, key_id: str) -> dict[str, Any]:
+    rows = c.get("/v1/admin/usage", params={"group_by": "key"}, headers=h(ADMIN)).json()["data"]
+    return next((r for r in rows if r["key"] == key_id), {})
+
+
+def upload(c: TestClient, key: str, lines: list[dict[str, Any]]) -> str:
+    raw = "".join(json.dumps(x) + "\n" for x in lines).encode()
+    r = c.post("/v1/files", headers=h(key), data={"purpose": "batch"},
+               files={"file": ("in.jsonl", io.BytesIO(raw), "application/jsonl")})
+    assert r.status_code == 200, r.text
+    return str(r.json()["id"])
+
+
+def batch(c: TestClient, key: str, file_id: str) -> Any:
+    return c.post("/v1/batches", headers=h(key), json={
+        "input_file_id": file_id, "endpoint": "/v1/chat/completions", "completion_window": "24h"})
+
+
+def test_a_job_spends_its_keys_budget_and_shows_in_its_usage(client: TestClient) -> None:
+    c = client
+    key, key_id = make_key(c, budget_tokens=10, budget_period_s=86400)
+    file_id = upload(c, key, [{"custom_id": "x", "method": "POST", "url": "/v1/chat/completions",
+                               "body": chat()}])
+    r = c.post("/v1/chat/completions", json={**chat(20), "background": True}, headers=h(key))
+    assert r.status_code == 202, r.text
+    job_id = r.json()["id"]
+    wait_until(lambda: c.get(f"/v1/jobs/{job_id}", headers=h(key)).json()["status"]
+               in ("succeeded", "failed"), timeout=60)
+    job = c.get(f"/v1/jobs/{job_id}", headers=h(key)).json()
+    assert job["status"] == "succeeded", job
+    # counted under the key that made it, as a live request is
+    row = usage_of(c, key_id)
+    assert row["tenant"] == "team-a" and row["requests"] == 1, row
+    assert row["output_tokens"] == job["result"]["usage"]["completion_tokens"] == 20
+    # its 20 tokens spent the key's budget of 10: the key is refused now, whatever the way
+    last: list[Any] = []
+
+    def spent() -> bool:
+        last[:] = [c.post("/v1/chat/completions", json=chat(), headers=h(key))]
+        return bool(last[0].status_code == 429)
+
+    wait_until(spent, timeout=10)  # charged when the job's answer ends (a store add)
+    assert last[0].json()["error"]["code"] == "insufficient_quota"
+    refused = batch(c, key, file_id)
+    assert refused.status_code == 429, refused.text
+    assert refused.json()["error"]["code"] == "insufficient_quota"
+    assert float(refused.headers["retry-after"]) > 0
+    refused = c.post("/v1/responses", json={"model": "fake", "input": "hi", "background": True},
+                     headers=h(key))
+    assert refused.status_code == 429, refused.text
+    # the tenant's other key has a budget of its own (none): not affected
+    assert c.post("/v1/chat/completions", json=chat(), headers=h(USER)).status_code == 200
+
+
+def test_batch_lines_are_charged_to_their_key_and_held_to_its_allowlist(
+        client: TestClient) -> None:
+    c = client
+    # each allowed line costs 1 + 4 tokens: the first leaves 4 of 9, the second spends it
+    key, key_id = make_key(c, models=["fake"], budget_tokens=9, budget_period_s=86400)
+    lines = [{"custom_id": f"ok-{i}", "method": "POST", "url": "/v1/chat/completions",
+              "body": chat(4)} for i in range(2)]
+    lines.append({"custom_id": "not-allowed", "method": "POST", "url": "/v1/chat/completions",
+                  "body": chat(4, model="other")})
+    made = batch(c, key, upload(c, key, lines))
+    assert made.status_code == 200, made.text
+    batch_id = made.json()["id"]
+    wait_until(lambda: c.get(f"/v1/batches/{batch_id}", headers=h(key)).json()["status"]
+               in ("completed", "failed"), timeout=60)
+    done = c.get(f"/v1/batches/{batch_id}", headers=h(key)).json()
+    assert done["status"] == "completed", done
+    assert done["request_counts"] == {"total": 3, "completed": 2, "failed": 1}
+    errors = c.get(f"/v1/files/{done['error_file_id']}/content", headers=h(key)).text
+    bad = json.loads(errors.splitlines()[0])
+    assert bad["custom_id"] == "not-allowed" and bad["response"]["status_code"] == 404
+    assert bad["response"]["body"]["error"]["code"] == "model_not_found"
+    row = usage_of(c, key_id)
+    assert row["requests"] == 2 and row["output_tokens"] == 8, row
+    assert row["input_tokens"] + row["output_tokens"] == 10
+    # their tokens were charged to the key's budget: spent now
+    wait_until(lambda: c.post("/v1/chat/completions", json=chat(),
+                              headers=h(key)).status_code == 429, timeout=10)
+    assert c.post("/v1/chat/completions", json=chat(), headers=h(USER)).status_code == 200
+
+
+def test_a_job_counts_against_its_keys_own_request_limit(client: TestClient) -> None:
+    c = client
+    key, _ = make_key(c, rpm=3)  # its own window, not its tenant's
+    r = c.post("/v1/chat/completions", json={**chat(), "background": True}, headers=h(key))
+    assert r.status_code == 202, r.text  # 1: the submission
+    job_id = r.json()["id"]
+    wait_until(lambda: c.get(f"/v1/jobs/{job_id}", headers=h(USER)).json()["status"]
+               == "succeeded", timeout=60)  # 2: the job as it ran (read with another key)
+    assert c.post("/v1/chat/completions", json=chat(), headers=h(key)).status_code == 200  # 3
+    r = c.post("/v1/chat/completions", json=chat(), headers=h(key))
+    assert r.status_code == 429 and "RPM" in r.json()["error"]["message"], r.text
+    assert c.post("/v1/chat/completions", json=chat(), headers=h(USER)).status_code == 200
