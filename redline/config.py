@@ -144,7 +144,8 @@ class ModelConfig(_Section):
     speculative: SpeculativeConfig = Field(
         default_factory=lambda: SpeculativeConfig(method="off"),
         description="local: n-gram speculative decoding, e.g. `{method: ngram, max_draft: 4}`; "
-        "`off` or `ngram` alone for the method with its defaults")
+        "`off` or `ngram` alone for the method with its defaults. Off by default: on a 2-core "
+        "CPU verifying drafts cost more than it saved (docs/BENCHMARKS.md); measure first")
     upstream_priority: Literal["off", "lower-first", "higher-first"] = Field(
         "off", description="openai: the engine runs with priority scheduling (vLLM "
         "`--scheduling-policy priority`: lower-first; SGLang `--enable-priority-scheduling`: "
