@@ -26,7 +26,7 @@ their TPOT); when nothing decodes, the whole batch.
 
 Speculative decoding (`drafter`, engine/speculative.py): a greedy decoding sequence may
 carry draft tokens after its decode token, each with logits; the engine verifies them and
-calls `verified`: the rejected ones, whose cells leave the KV before the next step.
+calls `verified`, and the rejected ones' cells leave the KV before the next step.
 
 The cells that free slots keep for reuse are bounded (`cache_cells`): past the bound, the
 slot used longest ago is forgotten first, before the next step. Every step attends over
