@@ -84,6 +84,25 @@ class PlacementConfig(_Section):
         "auto: text_only for local models, continue_final_message for remote ones")
 
 
+class SpeculativeConfig(_Section):
+    """Speculative decoding on the embedded engine without a draft model: n-gram prompt
+    lookup (engine/speculative.py). Greedy requests only; the text is the same."""
+
+    method: Literal["ngram", "off"] = "ngram"
+    max_draft: int = Field(4, ge=1, le=64, description="draft tokens per step, at most (the "
+                           "length adapts per sequence to what the model accepts)")
+    min_match: int = Field(2, ge=1, description="shortest suffix of the sequence looked up")
+    max_match: int = Field(4, ge=1, description="longest suffix looked up (tried first)")
+    max_decoding: int = Field(2, ge=1, description="draft only while at most this many "
+                              "sequences decode (a busy batch has no compute to spare)")
+
+    @model_validator(mode="after")
+    def _matches(self) -> SpeculativeConfig:
+        if self.min_match > self.max_match:
+            raise ValueError("speculative: min_match must not exceed max_match")
+        return self
+
+
 class ModelConfig(_Section):
     """One model the server offers. `backend: local` runs it in the embedded engine."""
 
@@ -122,6 +141,11 @@ class ModelConfig(_Section):
         0.5, gt=0, description="local: while streams decode, a step carries only the prompt "
         "tokens that fit in this share of a decode-only step (measured), so their inter-token "
         "latency stays within (1 + slack)x their TPOT; None: the rest of n_batch every step")
+    speculative: SpeculativeConfig = Field(
+        default_factory=lambda: SpeculativeConfig(method="off"),
+        description="local: n-gram speculative decoding, e.g. `{method: ngram, max_draft: 4}`; "
+        "`off` or `ngram` alone for the method with its defaults. Off by default: on a 2-core "
+        "CPU verifying drafts cost more than it saved (docs/BENCHMARKS.md); measure first")
     upstream_priority: Literal["off", "lower-first", "higher-first"] = Field(
         "off", description="openai: the engine runs with priority scheduling (vLLM "
         "`--scheduling-policy priority`: lower-first; SGLang `--enable-priority-scheduling`: "
@@ -141,6 +165,11 @@ class ModelConfig(_Section):
     ttft_timeout_s: float = Field(30.0, gt=0, description="upstream silent this long before "
                                   "its first token: an error (retried)")
     read_timeout_s: float = Field(60.0, gt=0, description="between two chunks once streaming")
+
+    @field_validator("speculative", mode="before")
+    @classmethod
+    def _speculative_shorthand(cls, value: Any) -> Any:
+        return {"method": value} if isinstance(value, str) else value
 
     @model_validator(mode="after")
     def _source(self) -> ModelConfig:

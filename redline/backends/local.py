@@ -15,6 +15,7 @@ from redline.engine.arbiter import StepArbiter
 from redline.engine.engine import Engine
 from redline.engine.llama import LlamaModel
 from redline.engine.sampling import GrammarError, check_grammar
+from redline.engine.speculative import NgramSettings
 from redline.engine.tools import ToolCallParser
 from redline.errors import ContextLengthExceeded, InvalidRequest, NotReady
 from redline.models import bundled_path, served_path
@@ -46,7 +47,14 @@ class LocalBackend:
                              n_batch=self.cfg.n_batch, n_threads=self.cfg.n_threads,
                              prefix_reuse=self.cfg.prefix_reuse, arbiter=self.arbiter,
                              name=cfg.name, cache_cells=self._cache_cells(),
-                             tiers=cfg.scheduling == "priority", prefill_slack=cfg.prefill_slack)
+                             tiers=cfg.scheduling == "priority", prefill_slack=cfg.prefill_slack,
+                             speculative=self._speculative())
+
+    def _speculative(self) -> NgramSettings | None:
+        s = self.cfg.speculative
+        if s.method == "off":
+            return None
+        return NgramSettings(s.max_draft, s.min_match, s.max_match, s.max_decoding)
 
     def _cache_cells(self) -> int:
         """Idle slots' cached prefixes, bounded: every step attends over the cells in use."""

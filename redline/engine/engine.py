@@ -10,6 +10,10 @@ iterator of `Chunk`s; closing the iterator cancels the sequence, and the slot is
 free before the next step. A sequence that the scheduler preempts (a tier-S request
 needed its slot, or nobody reads it) keeps its iterator: its chunks stop for a while
 and go on where they were.
+
+With speculative decoding (engine/speculative.py), a greedy sequence's step may carry
+draft tokens: `_postprocess` samples at each of them in turn and emits tokens while the
+target agrees with the draft, then hands the rejected rest back to the scheduler.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from redline.engine.llama import LlamaModel, LlamaRunner
 from redline.engine.sampling import token_logprobs
 from redline.engine.scheduler import ScheduledBatch, Scheduler
 from redline.engine.sequence import Sequence
+from redline.engine.speculative import NgramSettings
 from redline.errors import EngineDead
 from redline.types import Chunk, Presence, SamplingParams, StageTimings, Usage, new_id
 
@@ -37,13 +42,14 @@ class Engine:
     def __init__(self, model: LlamaModel, *, n_ctx_per_seq: int, n_seq_max: int, n_batch: int,
                  n_threads: int, prefix_reuse: bool = True, arbiter: StepArbiter | None = None,
                  name: str = "engine", cache_cells: int | None = None, tiers: bool = True,
-                 prefill_slack: float | None = 0.5) -> None:
+                 prefill_slack: float | None = 0.5,
+                 speculative: NgramSettings | None = None) -> None:
         self.model = model
         self.n_ctx_per_seq = n_ctx_per_seq
         self.runner = LlamaRunner(model, n_ctx_per_seq, n_seq_max, n_batch, n_threads)
         # prefill_slack None: a fixed prefill budget (the rest of the batch every step)
         self.scheduler = Scheduler(n_seq_max, n_batch, prefix_reuse, cache_cells, tiers,
-                                   PrefillBudget(n_batch, prefill_slack))
+                                   PrefillBudget(n_batch, prefill_slack), speculative)
         self.forecast = Forecast(n_seq_max, self.scheduler.budget)
         self._inbox: list[Sequence] = []
         self._outbox: list[tuple[Sequence, Chunk]] = []
@@ -51,6 +57,8 @@ class Engine:
         self._stop = False
         self._dead: BaseException | None = None
         self.steps = 0
+        self.draft_proposed = 0  # draft tokens fed for verification
+        self.draft_accepted = 0  # of those, the ones the target chose too (emitted)
         # one engine alone still takes turns (uncontended: a lock per step)
         self.arbiter = arbiter or StepArbiter()
         self._member = self.arbiter.join(name, lambda: self.active)
@@ -208,40 +216,57 @@ class Engine:
     def _postprocess(self, batch: ScheduledBatch) -> None:
         now = time.perf_counter()
         for seq, index in batch.samplers:
-            logits = self.runner.logits(index)
-            scores = logits.copy() if seq.sampling.logprobs else logits  # the sampler may edit
-            token = seq.sampler.sample(self.runner.ctx, index, logits)
-            first = seq.first_token_at is None
-            if first:
-                seq.first_token_at = now
-            reason = None
-            text = ""
-            kept = not (self.model.is_eog(token) and not seq.sampling.ignore_eos)
-            if not kept:
+            draft = batch.drafts.get(index, [])
+            # position i's logits follow draft[:i]: valid while the target chose the same
+            accepted = 0
+            for i in range(len(draft) + 1):
+                token, done = self._emit(seq, index + i, now)
+                if done or i == len(draft) or token != draft[i]:
+                    break
+                accepted += 1
+            if draft:
+                self.draft_proposed += len(draft)
+                self.draft_accepted += accepted
+                self.scheduler.verified(seq, len(draft), accepted)
+
+    def _emit(self, seq: Sequence, index: int, now: float) -> tuple[int, bool]:
+        """Sample `seq`'s next token from batch entry `index` and deliver it; the token,
+        and whether the sequence finished."""
+        logits = self.runner.logits(index)
+        scores = logits.copy() if seq.sampling.logprobs else logits  # the sampler may edit
+        token = seq.sampler.sample(self.runner.ctx, index, logits)
+        first = seq.first_token_at is None
+        if first:
+            seq.first_token_at = now
+        reason = None
+        text = ""
+        kept = not (self.model.is_eog(token) and not seq.sampling.ignore_eos)
+        if not kept:
+            reason = "stop"
+        else:
+            seq.output.append(token)
+            t0 = time.perf_counter()
+            text = seq.detok.feed(self.model.piece(token))
+            seq.detok_s += time.perf_counter() - t0
+            if seq.detok.stopped:
                 reason = "stop"
-            else:
-                seq.output.append(token)
-                t0 = time.perf_counter()
-                text = seq.detok.feed(self.model.piece(token))
-                seq.detok_s += time.perf_counter() - t0
-                if seq.detok.stopped:
-                    reason = "stop"
-                elif len(seq.output) >= seq.sampling.max_tokens:
-                    reason = "length"
-                elif len(seq.prompt) + len(seq.output) >= self.n_ctx_per_seq:
-                    reason = "length"
-            if reason is None:
-                timings = self._timings(seq, now) if first else None
-                chunk = Chunk(text=text, tokens=1, timings=timings)
-            else:
-                self.scheduler.finish(seq)
-                self.forecast.finished(len(seq.output))
-                chunk = self._final(seq, reason, text + seq.detok.flush(),
-                                    tokens=1 if text else 0)
-            if seq.sampling.logprobs and kept:
-                chunk.logprobs = (token_logprobs(scores, token, seq.sampling.top_logprobs or 0,
-                                                 self.model.piece),)
-            self._deliver(seq, chunk)
+            elif len(seq.output) >= seq.sampling.max_tokens:
+                reason = "length"
+            elif len(seq.prompt) + len(seq.output) >= self.n_ctx_per_seq:
+                reason = "length"
+        if reason is None:
+            timings = self._timings(seq, now) if first else None
+            chunk = Chunk(text=text, tokens=1, timings=timings)
+        else:
+            self.scheduler.finish(seq)
+            self.forecast.finished(len(seq.output))
+            chunk = self._final(seq, reason, text + seq.detok.flush(),
+                                tokens=1 if text else 0)
+        if seq.sampling.logprobs and kept:
+            chunk.logprobs = (token_logprobs(scores, token, seq.sampling.top_logprobs or 0,
+                                             self.model.piece),)
+        self._deliver(seq, chunk)
+        return token, reason is not None
 
     @staticmethod
     def _timings(seq: Sequence, end: float) -> StageTimings:

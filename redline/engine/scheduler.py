@@ -24,6 +24,10 @@ Prefill budget: while streams decode, a step carries only the prompt tokens that
 `PrefillBudget` allows (engine/budget.py: the streams' inter-token latency stays near
 their TPOT); when nothing decodes, the whole batch.
 
+Speculative decoding (`drafter`, engine/speculative.py): a greedy decoding sequence may
+carry draft tokens after its decode token, each with logits; the engine verifies them and
+calls `verified`, and the rejected ones' cells leave the KV before the next step.
+
 The cells that free slots keep for reuse are bounded (`cache_cells`): past the bound, the
 slot used longest ago is forgotten first, before the next step. Every step attends over
 the cells in use, and a full buffer fails a decode: when one fails, the engine forgets
@@ -39,6 +43,7 @@ from dataclasses import dataclass, field
 from redline.engine.budget import PrefillBudget
 from redline.engine.llama import BatchEntry
 from redline.engine.sequence import TIER_RANK, SeqState, Sequence
+from redline.engine.speculative import NgramIndex, NgramSettings
 
 
 @dataclass
@@ -65,7 +70,9 @@ class ScheduledBatch:
     # (sequence, tokens fed this step) to append to its slot once the decode succeeds
     fed: list[tuple[Sequence, list[int]]]
     kv: KVOps
-    n_decode: int = 0  # entries that are decode tokens (the rest are prompt chunks)
+    n_decode: int = 0  # entries that are decode tokens and drafts (the rest are prompt chunks)
+    # batch index of a sequence's decode token -> the draft tokens that follow it there
+    drafts: dict[int, list[int]] = field(default_factory=dict)
 
 
 def common_prefix(a: list[int], b: list[int]) -> int:
@@ -79,7 +86,8 @@ def common_prefix(a: list[int], b: list[int]) -> int:
 class Scheduler:
     def __init__(self, n_seq_max: int, n_batch: int, prefix_reuse: bool = True,
                  cache_cells: int | None = None, tiers: bool = True,
-                 budget: PrefillBudget | None = None) -> None:
+                 budget: PrefillBudget | None = None,
+                 drafter: NgramSettings | None = None) -> None:
         self.slots = [Slot(i) for i in range(n_seq_max)]
         self.n_batch = n_batch
         self.prefix_reuse = prefix_reuse
@@ -88,6 +96,8 @@ class Scheduler:
         self.budget = budget or PrefillBudget(n_batch)
         self.evictions = 0
         self.preemptions = 0
+        self.drafter = drafter  # None: no speculative decoding
+        self._rollbacks: list[tuple[int, int]] = []  # rejected drafts' cells: (seq, p0)
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
 
@@ -120,18 +130,27 @@ class Scheduler:
         entries: list[BatchEntry] = []
         samplers: list[tuple[Sequence, int]] = []
         fed: list[tuple[Sequence, list[int]]] = []
-        kv = KVOps()
+        kv = KVOps(removals=self._rollbacks)
+        self._rollbacks = []
         self._trim(kv)
         # 1. admit waiting sequences, best first, while a slot is free or one yields
         self._admit(kv)
-        # 2. decode: one token for each sequence past its prompt
-        for seq in self.running:
-            if seq.in_prefill:
-                continue
+        # 2. decode: one token for each sequence past its prompt, and its draft if any
+        decoding = [seq for seq in self.running if not seq.in_prefill]
+        drafts: dict[int, list[int]] = {}
+        spare = self.n_batch - len(decoding)  # the room drafts may take
+        for seq in decoding:
             token = seq.output[-1]
-            samplers.append((seq, len(entries)))
+            index = len(entries)
+            samplers.append((seq, index))
             entries.append(BatchEntry(token, seq.n_fed, seq.slot, True))  # type: ignore[arg-type]
-            fed.append((seq, [token]))
+            draft = self._draft(seq, len(decoding), spare)
+            for i, t in enumerate(draft):
+                entries.append(BatchEntry(t, seq.n_fed + 1 + i, seq.slot, True))  # type: ignore[arg-type]
+            if draft:
+                drafts[index] = draft
+                spare -= len(draft)
+            fed.append((seq, [token, *draft]))
         n_decode = len(entries)
         # 3. prefill: prompt chunks, best first, within the step's prompt budget
         budget = min(self.budget.tokens(n_decode), self.n_batch - n_decode)
@@ -155,7 +174,34 @@ class Scheduler:
                     samplers.append((seq, len(entries)))
                 entries.append(BatchEntry(token, start + i, seq.slot, want))  # type: ignore[arg-type]
             fed.append((seq, chunk))
-        return ScheduledBatch(entries, samplers, fed, kv, n_decode)
+        return ScheduledBatch(entries, samplers, fed, kv, n_decode, drafts)
+
+    def _draft(self, seq: Sequence, decoding: int, spare: int) -> list[int]:
+        """Draft tokens for `seq` this step: greedy sequences only (see speculative.py),
+        never past its max_tokens, none while the batch is busy."""
+        s = self.drafter
+        if s is None or decoding > s.max_decoding or spare <= 0:
+            return []
+        if not seq.sampler.greedy or seq.sampling.logprobs:
+            return []
+        if seq.lookup is None:
+            seq.lookup = NgramIndex(s)
+        # a step emits at most len(draft) + 1 tokens
+        limit = min(spare, seq.sampling.max_tokens - len(seq.output) - 1)
+        return seq.lookup.propose(seq.tokens, limit)
+
+    def verified(self, seq: Sequence, proposed: int, accepted: int) -> None:
+        """`seq`'s draft of `proposed` tokens had its first `accepted` taken: the rest are
+        not its tokens; forget them, and their cells before the next step."""
+        if seq.lookup is not None:
+            seq.lookup.verified(proposed, accepted)
+        drop = proposed - accepted
+        if drop <= 0 or seq.slot is None:
+            return
+        slot = self.slots[seq.slot]
+        del slot.tokens[len(slot.tokens) - drop:]
+        seq.n_fed -= drop
+        self._rollbacks.append((slot.seq_id, len(slot.tokens)))
 
     def observe(self, batch: ScheduledBatch, seconds: float) -> None:
         """A step ran in `seconds`: teach the prefill budget its costs."""

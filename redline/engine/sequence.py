@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 from redline.engine.detok import Detokenizer
 from redline.engine.sampling import Sampler
+from redline.engine.speculative import NgramIndex
 from redline.types import Chunk, Presence, SamplingParams
 
 TIER_RANK = {"S": 0, "A": 1, "B": 2}  # lower goes first
@@ -45,6 +46,7 @@ class Sequence:
     scheduled_at: float | None = None
     first_token_at: float | None = None
     detok_s: float = 0.0
+    lookup: NgramIndex | None = None  # its n-grams, once it drafts (speculative decoding)
     _cancel: threading.Event = field(default_factory=threading.Event)
 
     def __post_init__(self) -> None:
