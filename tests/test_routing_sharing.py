@@ -105,11 +105,14 @@ async def test_auto_pays_for_the_larger_model_only_while_it_finishes_in_time() -
         r.estimates.of(large).observe_tpot(0.04, alpha=1.0)
         r.estimates.of(large).observe_output(100, alpha=1.0)
         r.estimates.of(small).observe_output(100, alpha=1.0)
-    report = GenerationRequest(model="auto", sampling=SamplingParams(max_tokens=256),
+    report = GenerationRequest(model="auto", sampling=SamplingParams(max_tokens=150),
                                messages=(Message("user", "write a report"),), tier="B")
     plan = r.plan(report)
-    assert plan.order == ("large", "small")  # 0.3 + 99 x 40 ms = 4.3 s: within 8 s
-    large.shared = small.shared = 2.0  # both engines hold work: large would take 8.5 s
+    assert plan.order == ("large", "small")  # up to 0.3 + 149 x 40 ms = 6.3 s: within 8 s
+    # the longest answer allowed counts, not the expected 100 tokens (4.3 s)
+    longer = dataclasses.replace(report, sampling=SamplingParams(max_tokens=256))
+    assert r.plan(longer).order[0] == "small"  # up to 10.5 s
+    large.shared = small.shared = 2.0  # both engines hold work: large up to 12.5 s
     plan = r.plan(report)
     assert plan.order[0] == "small" and not plan.degraded
     named = dataclasses.replace(report, model="large")  # a named model is not second-guessed

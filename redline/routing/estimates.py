@@ -29,8 +29,13 @@ import numpy as np
 @dataclass(frozen=True)
 class Prediction:
     ttft_s: float
-    total_s: float
+    total_s: float  # for the answer length expected (learnt)
     queue_s: float
+    tpot_s: float = 0.0  # a token's time, sharing included
+
+    def longest_s(self, max_tokens: int) -> float:
+        """The total for an answer as long as the client allows."""
+        return self.ttft_s + max(0, max_tokens - 1) * self.tpot_s
 
 
 @runtime_checkable
@@ -141,7 +146,7 @@ class ReplicaStats:
         if own_tpot_s is not None:
             tpot = own_tpot_s if self.samples < 3 else max(tpot, own_tpot_s)
         total = k * (ttft + max(0, output_tokens - 1) * tpot)
-        return Prediction(k * ttft, total, k * queue)
+        return Prediction(k * ttft, total, k * queue, k * tpot)
 
 
 def _solve3(m: list[list[float]], b: list[float]) -> list[float]:

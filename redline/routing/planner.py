@@ -37,8 +37,9 @@ def plan(tier: str, budget: TierBudget, candidates: Sequence[str],
          within_s: float | None = None) -> Plan:
     """`predict(model)` is None when no replica of the model can take traffic now.
     `within_s`: among the models that meet the budget, the preferred one is taken only if
-    it is predicted to finish within this many seconds; else the soonest to finish (how
-    `auto` stops paying for a larger model when the machine has no room for it)."""
+    it is predicted to finish even an answer of `max_tokens` within this many seconds;
+    else the soonest to finish (how `auto` stops paying for a larger model when the
+    machine has no room for it)."""
     preds = {m: predict(m) for m in candidates}
     alive = [m for m in candidates if preds[m] is not None]
     if not alive:  # every breaker open: try in order anyway, half-open may let one through
@@ -49,7 +50,7 @@ def plan(tier: str, budget: TierBudget, candidates: Sequence[str],
         good = [m for m in alive if meets(preds[m], budget)]  # type: ignore[arg-type]
     if good:
         if within_s is not None:
-            good = _soon_enough(good, preds, within_s)  # type: ignore[arg-type]
+            good = _soon_enough(good, preds, within_s, max_tokens)  # type: ignore[arg-type]
         rest = [m for m in alive if m not in good]
         return Plan(tuple(good + rest), None, preds[good[0]], degraded=False)
     by_ttft = sorted(alive, key=lambda m: preds[m].ttft_s)  # type: ignore[union-attr]
@@ -67,10 +68,13 @@ def plan(tier: str, budget: TierBudget, candidates: Sequence[str],
     return Plan(tuple(by_ttft), cap, p, degraded=True)
 
 
-def _soon_enough(order: list[str], preds: dict[str, Prediction], within_s: float) -> list[str]:
-    """`order` with the models predicted to finish within `within_s` first (in order);
-    when none does, soonest to finish first."""
-    fits = [m for m in order if preds[m].total_s <= within_s]
+def _soon_enough(order: list[str], preds: dict[str, Prediction], within_s: float,
+                 max_tokens: int) -> list[str]:
+    """`order` with the models predicted to finish the longest answer allowed within
+    `within_s` first (in order); when none does, soonest to finish first. The longest,
+    not the expected length: a report that runs to its cap on a model 3.5x slower a token
+    holds the shared cores for that long."""
+    fits = [m for m in order if preds[m].longest_s(max_tokens) <= within_s]
     if not fits:
-        return sorted(order, key=lambda m: preds[m].total_s)
+        return sorted(order, key=lambda m: preds[m].longest_s(max_tokens))
     return fits + [m for m in order if m not in fits]
