@@ -4,6 +4,7 @@ from its own logits, and a 400 with `param` for what it does not serve."""
 from __future__ import annotations
 
 import math
+import uuid
 from typing import Any
 
 import openai
@@ -62,3 +63,35 @@ def test_what_the_engine_does_not_serve_is_a_400(smol_server: Any, extra: dict[s
         client(smol_server).chat.completions.create(model=SMOL, messages=ASK, max_tokens=2,
                                                     extra_body=extra)
     assert err.value.body["param"] == param  # type: ignore[index]
+
+
+def test_usage_reports_the_engines_cached_prompt_tokens(smol_server: Any) -> None:
+    c = client(smol_server)
+    # a fresh prefix (the nonce comes first): only the template's opening can be cached
+    system = f"{uuid.uuid4().hex} " + "You answer questions about fruit, briefly. " * 30
+
+    def ask(question: str, **kw: Any) -> Any:
+        return c.chat.completions.create(
+            model=SMOL, max_tokens=3, temperature=0, extra_body={"cache": False},
+            messages=[{"role": "system", "content": system}, {"role": "user", "content": question}],
+            **kw)
+
+    first = ask("Name a fruit.").usage
+    assert first is not None and first.prompt_tokens > 200
+    assert first.prompt_tokens_details is not None
+    assert (first.prompt_tokens_details.cached_tokens or 0) < 8
+    second = ask("Name a red fruit.").usage
+    assert second is not None and second.prompt_tokens_details is not None
+    assert second.prompt_tokens_details.cached_tokens is not None
+    assert first.prompt_tokens - 8 <= second.prompt_tokens_details.cached_tokens < \
+        second.prompt_tokens
+    chunks = list(ask("Name a green fruit.", stream=True,
+                      stream_options={"include_usage": True}))
+    streamed = chunks[-1].usage
+    assert streamed is not None and streamed.prompt_tokens_details is not None
+    assert first.prompt_tokens - 8 <= (streamed.prompt_tokens_details.cached_tokens or 0) < \
+        streamed.prompt_tokens
+    several = ask("Name a yellow fruit.", n=3).usage  # the prompt computed once, by choice 0
+    assert several is not None and several.prompt_tokens_details is not None
+    assert first.prompt_tokens - 8 <= (several.prompt_tokens_details.cached_tokens or 0) < \
+        several.prompt_tokens

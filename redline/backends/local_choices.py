@@ -6,7 +6,8 @@ holds the prompt's KV: the scheduler then copies that prefix into their slots (`
 no recomputation), so the prompt is computed once and the n sequences decode together.
 
 Each choice's end but the last is a chunk with `ends_choice`; the last one carries
-`finish_reason`, and the usage of all (the prompt counted once, as OpenAI counts it)."""
+`finish_reason`, and the usage of all (the prompt counted once, as OpenAI counts it, with
+choice 0's cached prompt tokens)."""
 
 from __future__ import annotations
 
@@ -62,7 +63,9 @@ async def merged(n: int, sampling: SamplingParams, start: Start) -> AsyncIterato
             left -= 1
             if item.usage is not None:
                 completion += item.usage.completion_tokens
-                usage = usage or item.usage
+                # choice 0 computed the prompt: its reuse is the request's cached_tokens (the
+                # others copied its KV, which the client did not send twice)
+                usage = item.usage if index == 0 else usage or item.usage
             if left:
                 item.ends_choice, item.finish_reason, item.usage = item.finish_reason, None, None
                 item.timings = None
