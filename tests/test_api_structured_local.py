@@ -163,6 +163,10 @@ def _ban(token: str) -> dict[str, int]:
     ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {
         "type": "object", "properties": {"a": {"type": "number", "minimum": 0}}}}}},
      "response_format"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {
+        "type": "object", "properties": {"a": {"type": "number", "minimum": 0.5,
+                                               "exclusiveMaximum": 9.75}}}}}},
+     "response_format"),
     ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {
         "type": "object", "properties": {"a": {"type": "string", "format": "email"}}}}}],
       "tool_choice": "required"}, "tools"),
