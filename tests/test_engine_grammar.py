@@ -106,3 +106,13 @@ def test_the_parser_splits_text_and_calls_across_any_chunking() -> None:
         assert [(d.index, d.name, d.arguments) for d in deltas] == [
             (0, "get_weather", ""), (0, None, '{"city": "Paris"}')]
         assert deltas[0].id and deltas[0].type == "function" and deltas[1].id is None
+
+
+def test_parallel_tool_calls_false_forces_exactly_one_call() -> None:
+    one = grammar((WEATHER, TIME), ToolChoice("required"), parallel=False)
+    assert one is not None and "root ::= call\n" in one
+    several = grammar((WEATHER, TIME), ToolChoice("required"), parallel=True)
+    assert several is not None and 'root ::= call ( "\\n" call )*\n' in several
+    # unset: one call (a small model would add calls until max_tokens)
+    assert grammar((WEATHER,), ToolChoice("function", "get_weather")) == \
+        grammar((WEATHER,), ToolChoice("function", "get_weather"), parallel=False)

@@ -47,4 +47,4 @@ def _local(model: ModelConfig, request: GenerationRequest) -> None:
     fmt = request.response_format
     if fmt is not None and fmt.type == "json_schema":
         schema_grammar(dict(fmt.schema or {}), "response_format")
-    tool_grammar(request.tools, request.tool_choice)
+    tool_grammar(request.tools, request.tool_choice, request.parallel_tool_calls)
