@@ -185,6 +185,9 @@ class GenerationRequest:
     sampling: SamplingParams
     messages: tuple[Message, ...] | None = None
     prompt: str | None = None
+    # a text completion's list of several prompts (`prompt` is the first): one choice per
+    # prompt and `n`, choice index = prompt index * n + choice, as OpenAI numbers them
+    prompts: tuple[str, ...] = ()
     id: str = field(default_factory=lambda: new_id("req"))
     tier: Tier | None = None
     tenant: str = "anonymous"  # API key scope: caches and limits never cross it
@@ -208,13 +211,19 @@ class GenerationRequest:
     def is_chat(self) -> bool:
         return self.messages is not None
 
+    @property
+    def choices(self) -> int:
+        """How many choices the answer has: `n` for each prompt."""
+        return self.sampling.n * max(1, len(self.prompts))
+
     def is_plain(self) -> bool:
         """Text in, text out, one choice: nothing beyond what redline had before tools,
         response formats, logprobs and `extra` (what every part of redline carries)."""
         s = self.sampling
         return (not self.tools and self.tool_choice is None and self.parallel_tool_calls is None
                 and (self.response_format is None or self.response_format.type == "text")
-                and s.n == 1 and not s.logprobs and s.top_logprobs is None and not s.logit_bias
+                and s.n == 1 and not self.prompts and not s.logprobs and s.top_logprobs is None
+                and not s.logit_bias
                 and s.presence_penalty is None and s.frequency_penalty is None and not self.extra
                 and all(m.parts is None and not m.tool_calls and m.tool_call_id is None
                         and m.name is None and not m.extra for m in self.messages or ()))

@@ -174,6 +174,23 @@ def test_text_completions_logprobs_and_n(servers: Any) -> None:
         _whole(direct.completions.create(model="served", **body))
 
 
+def test_a_list_of_prompts_goes_upstream_and_every_choice_comes_back(servers: Any) -> None:
+    direct, through, up, _ = servers
+    body = {"prompt": ["Say", "Say it again"], "max_tokens": 3, "n": 2}
+    got = _whole(through.completions.create(model="remote", **body))
+    assert httpx.get(f"{up}/last").json()["prompt"] == body["prompt"]
+    assert got == _whole(direct.completions.create(model="served", **body))
+    assert [c["index"] for c in got["choices"]] == [0, 1, 2, 3]
+    texts: dict[int, str] = {}
+    usage = None
+    for chunk in through.completions.create(model="remote", stream=True,
+                                            stream_options={"include_usage": True}, **body):
+        usage = chunk.usage.model_dump() if chunk.usage else usage
+        for c in chunk.choices:
+            texts[c.index] = texts.get(c.index, "") + c.text
+    assert texts == {c["index"]: c["text"] for c in got["choices"]} and usage == got["usage"]
+
+
 def test_resume_in_the_middle_of_a_tool_call_gives_the_same_bytes(servers: Any) -> None:
     _, _, _, gw = servers
     body = {"model": "remote", "messages": ASK, "tools": [WEATHER, TIME], "n": 2,

@@ -4,6 +4,7 @@ from its own logits, and a 400 with `param` for what it does not serve."""
 from __future__ import annotations
 
 import math
+import uuid
 from typing import Any
 
 import openai
@@ -62,3 +63,84 @@ def test_what_the_engine_does_not_serve_is_a_400(smol_server: Any, extra: dict[s
         client(smol_server).chat.completions.create(model=SMOL, messages=ASK, max_tokens=2,
                                                     extra_body=extra)
     assert err.value.body["param"] == param  # type: ignore[index]
+
+
+def test_usage_reports_the_engines_cached_prompt_tokens(smol_server: Any) -> None:
+    c = client(smol_server)
+    # a fresh prefix (the nonce comes first): only the template's opening can be cached
+    system = f"{uuid.uuid4().hex} " + "You answer questions about fruit, briefly. " * 30
+
+    def ask(question: str, **kw: Any) -> Any:
+        return c.chat.completions.create(
+            model=SMOL, max_tokens=3, temperature=0, extra_body={"cache": False},
+            messages=[{"role": "system", "content": system}, {"role": "user", "content": question}],
+            **kw)
+
+    first = ask("Name a fruit.").usage
+    assert first is not None and first.prompt_tokens > 200
+    assert first.prompt_tokens_details is not None
+    assert (first.prompt_tokens_details.cached_tokens or 0) < 8
+    second = ask("Name a red fruit.").usage
+    assert second is not None and second.prompt_tokens_details is not None
+    assert second.prompt_tokens_details.cached_tokens is not None
+    assert first.prompt_tokens - 8 <= second.prompt_tokens_details.cached_tokens < \
+        second.prompt_tokens
+    chunks = list(ask("Name a green fruit.", stream=True,
+                      stream_options={"include_usage": True}))
+    streamed = chunks[-1].usage
+    assert streamed is not None and streamed.prompt_tokens_details is not None
+    assert first.prompt_tokens - 8 <= (streamed.prompt_tokens_details.cached_tokens or 0) < \
+        streamed.prompt_tokens
+    several = ask("Name a yellow fruit.", n=3).usage  # the prompt computed once, by choice 0
+    assert several is not None and several.prompt_tokens_details is not None
+    assert first.prompt_tokens - 8 <= (several.prompt_tokens_details.cached_tokens or 0) < \
+        several.prompt_tokens
+
+
+PROMPTS = ["1, 2, 3, 4, 5,", "Monday, Tuesday, Wednesday,", "The capital of France is"]
+
+
+def test_a_list_of_prompts_is_one_choice_per_prompt_and_n(smol_server: Any) -> None:
+    c = client(smol_server)
+
+    def complete(prompt: Any, **kw: Any) -> Any:
+        return c.completions.create(model=SMOL, prompt=prompt, max_tokens=6, temperature=0,
+                                    extra_body={"cache": False}, **kw)
+
+    alone = [complete(p) for p in PROMPTS]
+    r = complete(PROMPTS)
+    assert [ch.index for ch in r.choices] == [0, 1, 2]
+    assert all(ch.finish_reason in ("stop", "length") for ch in r.choices)
+    # each choice answers its own prompt (greedy: the first words are the prompt's own)
+    for ch, one in zip(r.choices, alone, strict=True):
+        assert ch.text.split()[:1] == one.choices[0].text.split()[:1]
+    assert r.usage is not None
+    assert r.usage.prompt_tokens == sum(a.usage.prompt_tokens for a in alone)
+    assert r.usage.completion_tokens == sum(a.usage.completion_tokens for a in alone)
+    # n for each prompt: prompt i's choices are i*n .. i*n+n-1, streamed as well
+    texts: dict[int, str] = {}
+    finished: dict[int, str] = {}
+    usage = None
+    for chunk in complete(PROMPTS[:2], n=2, stream=True, stream_options={"include_usage": True}):
+        usage = chunk.usage or usage
+        for ch in chunk.choices:
+            texts[ch.index] = texts.get(ch.index, "") + ch.text
+            if ch.finish_reason:
+                finished[ch.index] = ch.finish_reason
+    assert sorted(finished) == [0, 1, 2, 3]
+    for i in range(4):
+        assert texts[i].split()[:1] == alone[i // 2].choices[0].text.split()[:1]
+    assert usage is not None and usage.prompt_tokens == \
+        alone[0].usage.prompt_tokens + alone[1].usage.prompt_tokens
+
+
+@pytest.mark.parametrize(("prompt", "n", "says"), [
+    ([1, 2, 3], 1, "token ids"), ([[1, 2], [3]], 1, "token ids"), ([], 1, "empty"),
+    (PROMPTS, 3, "9 choices"),  # the server's max_n is 8
+])
+def test_prompt_lists_redline_cannot_serve_are_a_400(smol_server: Any, prompt: Any, n: int,
+                                                     says: str) -> None:
+    with pytest.raises(openai.BadRequestError) as err:
+        client(smol_server).completions.create(model=SMOL, prompt=prompt, max_tokens=2, n=n)
+    assert err.value.body["param"] == "prompt"  # type: ignore[index]
+    assert says in err.value.body["message"]  # type: ignore[index]

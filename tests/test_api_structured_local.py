@@ -163,6 +163,10 @@ def _ban(token: str) -> dict[str, int]:
     ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {
         "type": "object", "properties": {"a": {"type": "number", "minimum": 0}}}}}},
      "response_format"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {
+        "type": "object", "properties": {"a": {"type": "number", "minimum": 0.5,
+                                               "exclusiveMaximum": 9.75}}}}}},
+     "response_format"),
     ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {
         "type": "object", "properties": {"a": {"type": "string", "format": "email"}}}}}],
       "tool_choice": "required"}, "tools"),
@@ -175,3 +179,31 @@ def test_what_the_engine_cannot_enforce_is_a_400(server: ServerProcess, extra: d
         client(server).chat.completions.create(model=SMOL, messages=ask("Hi"), max_tokens=4,
                                                extra_body={**extra, **NO_CACHE})
     assert err.value.body["param"] == param  # type: ignore[index]
+
+
+def test_parallel_tool_calls_decides_one_call_or_several(server: ServerProcess) -> None:
+    c = client(server)
+    messages = ask("What is the weather in Paris and in Rome?")
+    kw: Any = {"model": SMOL, "messages": messages, "tools": [WEATHER, TIME],
+               "tool_choice": "required", "extra_body": NO_CACHE}
+    schemas = {"get_weather": WEATHER, "get_time": TIME}
+
+    def valid(calls: Any) -> None:
+        for call in calls:
+            jsonschema.validate(json.loads(call.function.arguments),
+                                schemas[call.function.name]["function"]["parameters"])
+
+    # the end of turn banned: only another call may follow the first, if the grammar allows it
+    no_end = _ban("<|im_end|>") | _ban("<|endoftext|>")
+    several = c.chat.completions.create(**kw, max_tokens=96, temperature=0,
+                                        parallel_tool_calls=True, logit_bias=no_end)
+    calls = several.choices[0].message.tool_calls or []
+    assert len(calls) >= 2 and len({call.id for call in calls}) == len(calls)
+    valid(calls)
+    for seed in (1, 2, 3):
+        one = c.chat.completions.create(**kw, max_tokens=96, temperature=1.0, seed=seed,
+                                        parallel_tool_calls=False)
+        choice = one.choices[0]
+        assert choice.finish_reason == "tool_calls" and len(choice.message.tool_calls or []) == 1
+        assert not choice.message.content
+        valid(choice.message.tool_calls)

@@ -20,6 +20,13 @@ TIME = FunctionTool("get_time", None, None)
 @pytest.mark.parametrize(("schema", "names"), [
     ({"type": "object", "patternProperties": {"^a": {}}}, "patternProperties"),
     ({"type": "number", "minimum": 0}, "integers only"),
+    ({"type": "number", "minimum": 0.5, "exclusiveMaximum": 2.25},
+     "`minimum`, `exclusiveMaximum` on a `number`"),
+    ({"type": "object", "properties": {"p": {"type": ["number", "null"],
+                                             "exclusiveMinimum": -1.5}}},
+     "`exclusiveMinimum` on a `number` value (at `/properties/p/type/number`)"),
+    ({"maximum": 0.75}, "`maximum` on an untyped value"),
+    ({"type": "integer", "enum": [1, 2], "minimum": 1.5}, "`minimum` on a `integer`"),
     ({"type": "integer", "minimum": 0}, "both ends"),
     ({"type": "integer", "minimum": 0, "maximum": 10**6}, "at most"),
     ({"type": "string", "format": "email"}, "email"),
@@ -42,6 +49,11 @@ def test_integer_bounds_become_the_values_between_them() -> None:
     assert 'root ::= "2" | "3" | "4"' in gbnf
     nullable = schema_grammar({"type": ["integer", "null"], "minimum": 1, "maximum": 2}, "r")
     assert '"1" | "2"' in nullable and '"null"' in nullable
+    # decimal bounds on an integer round inwards: 1.5 < x <= 3.5 is 2 or 3
+    decimal = schema_grammar({"type": "integer", "exclusiveMinimum": 1.5, "maximum": 3.5}, "r")
+    assert 'root ::= "2" | "3"\n' in decimal
+    assert 'root ::= "-1" | "0"\n' in schema_grammar(
+        {"type": "integer", "minimum": -1.25, "exclusiveMaximum": 0.5}, "r")
     # a string's maxLength survives a list type (the converter alone would drop it)
     assert "char)?)?" in schema_grammar({"type": ["string", "null"], "maxLength": 3}, "r")
 
@@ -94,3 +106,13 @@ def test_the_parser_splits_text_and_calls_across_any_chunking() -> None:
         assert [(d.index, d.name, d.arguments) for d in deltas] == [
             (0, "get_weather", ""), (0, None, '{"city": "Paris"}')]
         assert deltas[0].id and deltas[0].type == "function" and deltas[1].id is None
+
+
+def test_parallel_tool_calls_false_forces_exactly_one_call() -> None:
+    one = grammar((WEATHER, TIME), ToolChoice("required"), parallel=False)
+    assert one is not None and "root ::= call\n" in one
+    several = grammar((WEATHER, TIME), ToolChoice("required"), parallel=True)
+    assert several is not None and 'root ::= call ( "\\n" call )*\n' in several
+    # unset: one call (a small model would add calls until max_tokens)
+    assert grammar((WEATHER,), ToolChoice("function", "get_weather")) == \
+        grammar((WEATHER,), ToolChoice("function", "get_weather"), parallel=False)

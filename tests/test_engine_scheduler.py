@@ -185,3 +185,21 @@ def test_without_a_bound_nothing_is_forgotten_until_pressure(loop):
     assert s.evict_oldest() == seqs[0].slot
     assert s.evict_oldest() == seqs[2].slot
     assert s.evict_oldest() is None and s.evictions == 3
+
+
+def test_cached_counts_the_first_placements_prompt_reuse_only(loop):
+    s = Scheduler(n_seq_max=2, n_batch=64)
+    system = list(range(20))
+    a = make(loop, system + [100], "a")
+    s.add(a)
+    run_step(s)
+    assert a.cached == 0  # nothing was cached before it
+    s.finish(a)
+    b = make(loop, system + [200, 201], "b")
+    s.add(b)
+    run_step(s)
+    run_step(s)
+    assert b.cached == 20 and b.output
+    s.preempt(b)  # back in: its own cells give it prompt and output, a recomputation saved
+    s.schedule()
+    assert b.reused > 20 and b.cached == 20

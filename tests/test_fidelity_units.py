@@ -193,3 +193,20 @@ def test_the_cache_keeps_answers_to_different_formats_and_tools_apart(tmp_path: 
         assert ask(c, tools=[TOOL]) == "bypass"  # a tool-call answer is never stored or served
         assert ask(c, tools=[TOOL]) == "bypass"
         assert ask(c, seed=1) == "miss"
+
+
+def test_a_prompt_list_goes_upstream_whole_and_bypasses_the_cache() -> None:
+    from redline.api.schemas import CompletionRequest
+    from redline.backends.openai_wire import request_body
+
+    def text(prompt: Any, **body: Any) -> GenerationRequest:
+        return CompletionRequest.model_validate({"model": "m", "prompt": prompt, **body}) \
+            .to_generation(None, "t")
+
+    several = text(["a b", "c d"], n=3)
+    assert several.prompt == "a b" and several.prompts == ("a b", "c d")
+    assert several.choices == 6 and not several.use_cache and not several.is_plain()
+    assert request_body(several, "up")[1]["prompt"] == ["a b", "c d"]
+    one = text(["a b"])  # a list of one is that prompt, as before
+    assert one.prompts == () and one.choices == 1 and one.use_cache
+    assert request_body(one, "up")[1]["prompt"] == "a b"

@@ -22,12 +22,16 @@ from redline.types import GenerationRequest
 
 
 def check(config: RedlineConfig, request: GenerationRequest) -> None:
-    """Raise InvalidRequest for more than `max_n` choices, or for what the named model's
+    """Raise InvalidRequest for more than `max_n` choices (all prompts'), or for what the named model's
     embedded engine does not serve (a model not in the configuration, e.g. a test's
     fake, and `auto` are not checked here)."""
     if request.sampling.n > config.server.max_n:
         raise InvalidRequest(f"n is {request.sampling.n}; this server allows at most "
                              f"{config.server.max_n} choices.", param="n")
+    if request.choices > config.server.max_n:  # a list of prompts: n choices each
+        raise InvalidRequest(f"{len(request.prompts)} prompts of n={request.sampling.n} are "
+                             f"{request.choices} choices; this server allows at most "
+                             f"{config.server.max_n}.", param="prompt")
     model = next((m for m in config.models if m.name == request.model), None)
     if model is not None and model.backend == "local":
         _local(model, request)
@@ -43,4 +47,4 @@ def _local(model: ModelConfig, request: GenerationRequest) -> None:
     fmt = request.response_format
     if fmt is not None and fmt.type == "json_schema":
         schema_grammar(dict(fmt.schema or {}), "response_format")
-    tool_grammar(request.tools, request.tool_choice)
+    tool_grammar(request.tools, request.tool_choice, request.parallel_tool_calls)

@@ -83,7 +83,8 @@ def limit_key(scope: Scope, keyed: bool) -> str:
 
 def estimate_tokens(gen: Any) -> int:
     """What a request may cost: its max_tokens and ~4 characters a token of prompt."""
-    chars = len(gen.prompt or "") + sum(len(m.content) for m in gen.messages or ())
+    chars = (sum(len(p) for p in gen.prompts or (gen.prompt or "",))
+             + sum(len(m.content) for m in gen.messages or ()))
     return int(gen.sampling.max_tokens) + chars // 4 + 1
 
 

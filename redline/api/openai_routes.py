@@ -142,7 +142,7 @@ async def serve(services: Services, request: Request,
         return sse.EventStream(streams.follow(live), headers=headers, first_ready=bool(first))
     encoder = ChunkEncoder(gen_kind, gen.id, completion.model)  # type: ignore[arg-type]
     got = [chunk async for chunk in completion.chunks]
-    payload = encoder.full(assemble(got, gen.sampling.n), completion.usage,
+    payload = encoder.full(assemble(got, gen.choices), completion.usage,
                            completion.finish_reason or "stop")
     return Response(payload, media_type="application/json",
                     headers=_headers(completion, request_id))

@@ -171,8 +171,9 @@ class _SamplingFields(_Open):
             model=self.model, sampling=sampling, tier=_tier(tier), tenant=tenant,
             use_cache=self.cache is not False and not no_cache, user=self.user,
             allow_background=self.allow_background, extra=self._extra(), **fields)
-        # answers the cache cannot hold (several choices, logprobs, tool calls) bypass it
-        if sampling.n > 1 or "logprobs" in gen.needs() or "tools" in gen.needs():
+        # answers the cache cannot hold (several choices or prompts, logprobs, tool calls)
+        # bypass it
+        if gen.choices > 1 or "logprobs" in gen.needs() or "tools" in gen.needs():
             gen.use_cache = False
         return gen
 
@@ -203,19 +204,28 @@ class ChatCompletionRequest(_SamplingFields):
 
 
 class CompletionRequest(_SamplingFields):
-    prompt: str | list[str] = Field(...)
+    # token ids (a list of ints, or of lists) are typed only to be refused by name below
+    prompt: str | list[str] | list[int] | list[list[int]] = Field(...)
     logprobs: int | None = Field(None, ge=0, le=5)
 
     def to_generation(self, tier: str | None, tenant: str, no_cache: bool = False) -> GenerationRequest:
-        prompt = self.prompt
-        if isinstance(prompt, list):
-            if len(prompt) != 1:
-                raise InvalidRequest("only one prompt per request is served", param="prompt")
-            prompt = prompt[0]
+        prompts = _prompts(self.prompt)
         return self._request(
             tier, tenant, no_cache,
             self.sampling(self.max_tokens or 16, self.logprobs is not None, self.logprobs),
-            prompt=prompt)
+            prompt=prompts[0], prompts=prompts if len(prompts) > 1 else ())
+
+
+def _prompts(prompt: str | list[str] | list[int] | list[list[int]]) -> tuple[str, ...]:
+    """A completion's prompts as text: one string, or a list of several (one choice each)."""
+    if isinstance(prompt, str):
+        return (prompt,)
+    if not prompt:
+        raise InvalidRequest("'prompt' is an empty list.", param="prompt")
+    if not all(isinstance(p, str) for p in prompt):
+        raise InvalidRequest("'prompt' as token ids is not served by redline: send the text "
+                             "(a string or a list of strings).", param="prompt")
+    return tuple(p for p in prompt if isinstance(p, str))
 
 
 def _tools(raw: list[dict[str, Any]] | None) -> tuple[FunctionTool, ...]:

@@ -38,7 +38,7 @@ def why_not(request: GenerationRequest, mode: Mode) -> str | None:
         return "migration is off for this model"
     if request.is_chat and mode == "text_only":
         return "its engine cannot continue a partial assistant message"
-    if request.sampling.n != 1:
+    if request.choices != 1:
         return "it has several choices"
     fmt = request.response_format
     if fmt is not None and fmt.type != "text":  # a grammar would restart from the prefix

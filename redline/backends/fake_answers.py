@@ -63,6 +63,8 @@ class Answer:
         self.top = int(body.get("top_logprobs") or 0) if chat else int(body.get("logprobs") or 0)
         self.logprobs = bool(body.get("logprobs")) if chat else body.get("logprobs") is not None
         n = int(body.get("n") or 1)
+        if not chat and isinstance(body.get("prompt"), list):  # n choices for each prompt
+            n *= max(1, len(body["prompt"]))
         self.choices = [self._choice(i, max_tokens, f"{call_id}{i}") for i in range(n)]
         self.steps = max(len(c.steps) for c in self.choices)
         self.offsets = [0] * n
@@ -255,7 +257,8 @@ def prompt_words(body: dict[str, Any], chat: bool) -> int:
                 parts.append(str(content or ""))
         text = " ".join(parts)
     else:
-        text = str(body.get("prompt") or "")
+        prompt = body.get("prompt") or ""
+        text = " ".join(map(str, prompt)) if isinstance(prompt, list) else str(prompt)
     return max(1, len(text.split()))
 
 

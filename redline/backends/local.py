@@ -81,13 +81,15 @@ class LocalBackend:
             pass
 
     def prompt_tokens(self, request: GenerationRequest,
-                      messages: tuple[Message, ...] | None = None) -> list[int]:
+                      messages: tuple[Message, ...] | None = None,
+                      prompt: str | None = None) -> list[int]:
         assert self.model is not None
         messages = request.messages if messages is None else messages
         if messages is not None:
             text = self.model.render_chat(messages)
             return self.model.tokenize(text, add_special=False, parse_special=True)
-        return self.model.tokenize(request.prompt or "", add_special=True, parse_special=False)
+        prompt = request.prompt if prompt is None else prompt
+        return self.model.tokenize(prompt or "", add_special=True, parse_special=False)
 
     async def stream(self, request: GenerationRequest) -> AsyncIterator[Chunk]:
         if self.engine is None or self.model is None:
@@ -101,8 +103,32 @@ class LocalBackend:
         prepared = prepare(request, self.model.n_vocab)
         if prepared.sampling.grammar is not None:
             self._check_grammar(prepared.sampling.grammar, prepared.grammar_param)
-        tokens = self.prompt_tokens(request, prepared.messages)
+        # one token list per prompt (a text completion may send several)
+        prompts = [self._checked(self.prompt_tokens(request, prepared.messages, p), request)
+                   for p in request.prompts or (None,)]
         tokenize_s = time.perf_counter() - t0
+        engine = self.engine
+        n = prepared.sampling.n
+
+        def start(index: int, sampling: SamplingParams) -> AsyncIterator[Chunk]:
+            chunks = engine.generate(prompts[index // n], sampling,
+                                     request.id if index == 0 else None,
+                                     request.tier, request.presence)
+            if prepared.parse_tools:
+                chunks = with_tool_calls(chunks, ToolCallParser(request.tools))
+            return chunks
+
+        choices = n * len(prompts)
+        stream = (start(0, prepared.sampling) if choices == 1
+                  else merged(choices, prepared.sampling, start))
+        async for chunk in stream:
+            if chunk.timings is not None:
+                chunk.timings.add("tokenize", tokenize_s)
+            yield chunk
+
+    def _checked(self, tokens: list[int], request: GenerationRequest) -> list[int]:
+        """A prompt's tokens, which with max_tokens must fit a sequence's context."""
+        assert self.model is not None
         limit = self.cfg.n_ctx
         if len(tokens) + request.sampling.max_tokens > limit:
             raise ContextLengthExceeded(
@@ -112,23 +138,7 @@ class LocalBackend:
                 "messages or completion.",
                 param="messages" if request.is_chat else "prompt",
             )
-        if not tokens:
-            tokens = self.model.tokenize(" ", add_special=True)
-        engine = self.engine
-
-        def start(index: int, sampling: SamplingParams) -> AsyncIterator[Chunk]:
-            chunks = engine.generate(tokens, sampling, request.id if index == 0 else None,
-                                     request.tier, request.presence)
-            if prepared.parse_tools:
-                chunks = with_tool_calls(chunks, ToolCallParser(request.tools))
-            return chunks
-
-        n = prepared.sampling.n
-        stream = start(0, prepared.sampling) if n == 1 else merged(n, prepared.sampling, start)
-        async for chunk in stream:
-            if chunk.timings is not None:
-                chunk.timings.add("tokenize", tokenize_s)
-            yield chunk
+        return tokens or self.model.tokenize(" ", add_special=True)
 
     def _check_grammar(self, gbnf: str, param: str) -> None:
         """Compile a grammar once here, where a failure is the client's 400, not in the

@@ -1,12 +1,15 @@
-"""Several choices (`n`) on the embedded engine: n sequences of one prompt, merged into one
-stream of chunks with their choice index.
+"""Several choices (`n`, or a list of prompts) on the embedded engine: one sequence per
+choice, merged into one stream of chunks with their choice index (prompt index * n +
+choice, as OpenAI numbers them).
 
-Choice 0 goes first; the others are submitted once it has its first token, when its slot
-holds the prompt's KV: the scheduler then copies that prefix into their slots (`seq_cp`,
-no recomputation), so the prompt is computed once and the n sequences decode together.
+Each prompt's choice 0 goes first; its other choices are submitted once it has its first
+token, when its slot holds the prompt's KV: the scheduler then copies that prefix into their
+slots (`seq_cp`, no recomputation), so each prompt is computed once and the n sequences
+decode together.
 
 Each choice's end but the last is a chunk with `ends_choice`; the last one carries
-`finish_reason`, and the usage of all (the prompt counted once, as OpenAI counts it)."""
+`finish_reason`, and the usage of all (each prompt counted once, as OpenAI counts it, with
+its choice 0's cached prompt tokens)."""
 
 from __future__ import annotations
 
@@ -27,26 +30,29 @@ def choice_sampling(sampling: SamplingParams, index: int) -> SamplingParams:
     return dataclasses.replace(sampling, n=1, seed=seed)
 
 
-async def merged(n: int, sampling: SamplingParams, start: Start) -> AsyncIterator[Chunk]:
+async def merged(choices: int, sampling: SamplingParams, start: Start) -> AsyncIterator[Chunk]:
+    """`choices` choices: `sampling.n` for each prompt; `start(index, sampling)` starts one."""
+    n = sampling.n
     queue: asyncio.Queue[tuple[int, Chunk | BaseException]] = asyncio.Queue()
-    primed = asyncio.Event()
+    primed = [asyncio.Event() for _ in range(0, choices, n)]  # per prompt: its KV is there
 
     async def pump(index: int) -> None:
-        if index:
-            await primed.wait()
+        ready = primed[index // n]
+        if index % n:
+            await ready.wait()
         try:
-            async for chunk in start(index, choice_sampling(sampling, index)):
-                primed.set()
+            async for chunk in start(index, choice_sampling(sampling, index % n)):
+                ready.set()
                 queue.put_nowait((index, chunk))
         except Exception as exc:  # handed to the consumer, which raises it
             queue.put_nowait((index, exc))
         finally:
-            primed.set()
+            ready.set()
 
-    tasks = [asyncio.create_task(pump(i)) for i in range(n)]
-    left = n
+    tasks = [asyncio.create_task(pump(i)) for i in range(choices)]
+    left = choices
     completion = 0
-    usage: Usage | None = None
+    usages: dict[int, Usage] = {}  # per prompt: its choice 0's usage (or another's till then)
     try:
         while left:
             index, item = await queue.get()
@@ -62,12 +68,16 @@ async def merged(n: int, sampling: SamplingParams, start: Start) -> AsyncIterato
             left -= 1
             if item.usage is not None:
                 completion += item.usage.completion_tokens
-                usage = usage or item.usage
+                # choice 0 computed the prompt: its reuse is the prompt's cached_tokens (the
+                # others copied its KV, which the client did not send twice)
+                if index % n == 0 or index // n not in usages:
+                    usages[index // n] = item.usage
             if left:
                 item.ends_choice, item.finish_reason, item.usage = item.finish_reason, None, None
                 item.timings = None
-            elif usage is not None:
-                item.usage = dataclasses.replace(usage, completion_tokens=completion)
+            elif usages:
+                item.usage = Usage(sum(u.prompt_tokens for u in usages.values()), completion,
+                                   cached_tokens=sum(u.cached_tokens or 0 for u in usages.values()))
             yield item
     finally:
         for task in tasks:

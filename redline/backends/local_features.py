@@ -36,7 +36,7 @@ def prepare(request: GenerationRequest, n_vocab: int) -> Prepared:
     messages = request.messages
     tools = offered(request.tools, request.tool_choice)
     if tools and messages is not None:
-        forced = grammar(request.tools, request.tool_choice)
+        forced = grammar(request.tools, request.tool_choice, request.parallel_tool_calls)
         if forced is not None:
             if gbnf is not None:
                 raise InvalidRequest("A forced tool call and a JSON response_format cannot "

@@ -91,7 +91,7 @@ def request_body(request: GenerationRequest, model: str) -> tuple[str, dict[str,
         "logit_bias": dict(s.logit_bias) or None, "user": request.user}
     body.update((k, v) for k, v in optional.items() if v is not None)
     if request.messages is None:
-        body["prompt"] = request.prompt or ""
+        body["prompt"] = list(request.prompts) if request.prompts else request.prompt or ""
         if s.logprobs:
             body["logprobs"] = s.top_logprobs or 0
         return "/completions", body

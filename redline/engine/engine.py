@@ -212,6 +212,8 @@ class Engine:
         slot.tokens = []
         if slot.owner is not None:
             slot.owner.n_fed = slot.owner.reused = 0
+            if not slot.owner.preemptions:
+                slot.owner.cached = 0
 
     def _postprocess(self, batch: ScheduledBatch) -> None:
         now = time.perf_counter()
@@ -281,7 +283,7 @@ class Engine:
 
     def _final(self, seq: Sequence, reason: str, text: str, tokens: int = 0) -> Chunk:
         t = self._timings(seq, time.perf_counter())
-        usage = Usage(len(seq.prompt), len(seq.output))
+        usage = Usage(len(seq.prompt), len(seq.output), cached_tokens=seq.cached)
         return Chunk(text=text, tokens=tokens, finish_reason=reason, usage=usage,  # type: ignore[arg-type]
                      timings=t)
 

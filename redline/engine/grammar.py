@@ -6,8 +6,9 @@ module decides first which schemas it can enforce. Its converter ignores number 
 cannot parse) is a 400 naming the request field, never a silently unconstrained answer.
 
 It is extended for integer bounds: an integer with `minimum`/`maximum` (or the exclusive
-forms) spanning at most `_MAX_INT_RANGE` values becomes the enum of those values. Number
-bounds otherwise are refused.
+forms, decimal bounds rounded inwards) spanning at most `_MAX_INT_RANGE` values becomes the
+enum of those values. Bounds on a `number` (or beside `enum`/`const`) are refused with a 400
+naming the keyword.
 """
 
 from __future__ import annotations
@@ -181,8 +182,12 @@ def _check_combination(out: dict[str, Any], param: str, where: str) -> None:
 def _integer_enum(out: dict[str, Any], bounds: dict[str, Any], param: str,
                   where: str) -> dict[str, Any]:
     if out.get("type") != "integer" or "enum" in out or "const" in out:
+        # a decimal range has no finite enum: refused, never an unbounded number
+        keys = ", ".join(f"`{k}`" for k in bounds)
+        what = f"a `{out['type']}`" if out.get("type") else "an untyped"
         raise InvalidRequest(f"'{param}': the embedded engine enforces `minimum`/`maximum` on "
-                             f"integers only{_at(where)}.", param=param)
+                             f"integers only, not {keys} on {what} value{_at(where)}.",
+                             param=param)
     low = bounds.get("minimum", -math.inf)
     if "exclusiveMinimum" in bounds:
         low = max(low, math.floor(bounds["exclusiveMinimum"]) + 1)

@@ -273,6 +273,8 @@ class Scheduler:
         slot.owner = seq
         seq.slot = slot.seq_id
         seq.n_fed = seq.reused = len(slot.tokens)
+        if not seq.preemptions:
+            seq.cached = min(seq.reused, len(seq.prompt))
         seq.state = SeqState.RUNNING
 
     def commit(self, batch: ScheduledBatch) -> None:

@@ -38,6 +38,9 @@ class Sequence:
     slot: int | None = None
     n_fed: int = 0  # prompt+output tokens whose KV is computed
     reused: int = 0  # prompt tokens taken from the prefix cache
+    # prompt tokens the first placement took from the prefix cache (usage's cached_tokens;
+    # a preemption's recomputation is redline's cost, not a saving the client sees)
+    cached: int = 0
     output: list[int] = field(default_factory=list)
     # tokens to compute before decoding goes on: the prompt, or after a preemption the
     # prompt and every token generated so far (recomputed; the stream continues)

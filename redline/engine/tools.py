@@ -83,8 +83,12 @@ def render(messages: tuple[Message, ...], tools: tuple[FunctionTool, ...],
     return tuple(out)
 
 
-def grammar(tools: tuple[FunctionTool, ...], choice: ToolChoice | None) -> str | None:
-    """GBNF forcing one call of an offered tool (`required` or a named function), or None."""
+def grammar(tools: tuple[FunctionTool, ...], choice: ToolChoice | None,
+            parallel: bool | None = None) -> str | None:
+    """GBNF forcing a call of an offered tool (`required` or a named function), or None:
+    one or more with `parallel` true (`parallel_tool_calls: true`), one block a line, as
+    Qwen2.5 writes several; else exactly one. Unset is one, not OpenAI's "several
+    allowed": a small model forced to call keeps adding calls until max_tokens cuts it."""
     if choice is None or choice.mode not in ("required", "function"):
         return None
     listed = offered(tools, choice)
@@ -99,7 +103,9 @@ def grammar(tools: tuple[FunctionTool, ...], choice: ToolChoice | None) -> str |
         name = json.dumps(json.dumps(tool.name))  # a GBNF literal of the JSON string
         alts.append(f'"{OPEN}\\n{{\\"name\\": " {name} ", \\"arguments\\": " {args} '
                     f'"}}\\n{CLOSE}"')
-    conv._add_rule("root", " | ".join(alts))  # noqa: SLF001 (the converter's own rule table)
+    # the converter's own rule table (it renames a rule whose name is taken)
+    call = conv._add_rule("call", " | ".join(alts))  # noqa: SLF001
+    conv._add_rule("root", f'{call} ( "\\n" {call} )*' if parallel else call)  # noqa: SLF001
     return text(conv)
 
 
