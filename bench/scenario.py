@@ -299,6 +299,11 @@ async def main_async(a: argparse.Namespace) -> None:
             print(f"# {r['target']} served (tier:model): " + "; ".join(
                 f"{kind} " + ", ".join(f"{k} {v}" for k, v in sorted(c.items()))
                 for kind, c in r["served_by_kind"].items()))
+    if a.dump:  # every request's outcome, for a closer look (which model made the tail)
+        with open(a.dump, "w") as f:
+            for t in targets:
+                for o in t.results:
+                    f.write(json.dumps({"target": t.label, **o.__dict__}) + "\n")
     if a.plot:
         plot(targets, a.plot, a.note or f"{a.n} requests at {a.rate}/s, seed {a.seed} "
              "(provisional: measured on a shared machine)")
@@ -317,6 +322,7 @@ def main() -> None:
     p.add_argument("--api-key", default=None, help="default: on an open server, a new bearer "
                    "token per target run, so that no target is served from another's cache")
     p.add_argument("--json", action="store_true", help="JSON rows instead of the table")
+    p.add_argument("--dump", default=None, help="FILE.jsonl: every request's outcome")
     p.add_argument("--plot", default=None, help="FILE.png: TTFT and E2E distributions")
     p.add_argument("--note", default=None, help="the figure's title line")
     asyncio.run(main_async(p.parse_args()))

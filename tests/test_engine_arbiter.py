@@ -124,3 +124,24 @@ def test_estimates_learn_alone_and_predict_with_the_sharing() -> None:
     assert abs(alone.ttft_s - 0.15) < 0.02 and abs(stats.tpot_s - 0.02) < 1e-9
     assert abs(shared.ttft_s - 2 * alone.ttft_s) < 1e-9
     assert abs(shared.total_s - 2 * alone.total_s) < 1e-9
+
+
+def test_recent_slowdown_is_the_share_of_the_cores_the_others_used() -> None:
+    now = [0.0]
+    arbiter = StepArbiter(clock=lambda: now[0])
+    a = arbiter.join("a", lambda: 0)
+    b = arbiter.join("b", lambda: 0)
+    assert arbiter.recent_slowdown(a) == 1.0  # nobody used the cores lately
+
+    def step(m, seconds: float) -> None:  # type: ignore[no-untyped-def]
+        arbiter.acquire(m)
+        now[0] += seconds
+        arbiter.release(m)
+
+    step(b, 1.0)  # b used 1 s of the last 10: a could have had 90 % of the cores
+    assert abs(arbiter.recent_slowdown(a) - 1 / 0.9) < 0.01
+    assert arbiter.recent_slowdown(b) == 1.0  # its own steps are not sharing
+    for _ in range(8):
+        step(b, 1.0)  # b busy most of the window: fair turns still give a half
+    assert arbiter.recent_slowdown(a) == 2.0
+    assert arbiter.slowdown(a) == 1.0  # b holds no work this instant

@@ -85,3 +85,17 @@ def test_answers_past_the_average_and_the_average_learns(loop: asyncio.AbstractE
         f.finished(20)
     assert f.expected_len < 25
     assert 15 <= f.remaining(seq(loop, "n", written=5)) <= 16  # ceil(average - 5)
+
+
+def test_a_step_costs_more_with_more_streams_and_the_newcomer_counts() -> None:
+    f = costed(slots=8)
+    for _ in range(20):
+        f.observe_step(1, 0, 0.010)
+        f.observe_step(5, 0, 0.030)  # 5 ms more a stream
+        f.observe_step(5, 40, 0.090)  # a mixed step: not a decode step's cost
+    assert f.step_s(3) == pytest.approx(0.020, rel=1e-6)
+    assert f.tpot_s(4) == pytest.approx(0.030, rel=1e-6)  # 4 running + the newcomer
+    one = costed()
+    for _ in range(5):
+        one.observe_step(2, 0, 0.012)
+    assert one.step_s(6) == pytest.approx(0.012)  # one batch size seen: no slope to guess

@@ -119,3 +119,22 @@ async def test_auto_pays_for_the_larger_model_only_while_it_finishes_in_time() -
     assert r.plan(named).order[0] == "large"
     r.cfg = r.cfg.model_copy(update={"quality_total_s": None})  # off: the budget alone
     assert r.plan(report).order[0] == "large"
+
+
+async def test_auto_does_not_move_onto_a_model_that_would_hold_the_cores() -> None:
+    small, large = Forecasting("small", size_rank=1), Forecasting("large", size_rank=2)
+    r = await router({"small": small, "large": large}, classifier="off", quality_total_s=8.0)
+    for stats, tpot in ((r.estimates.of(small), 0.01), (r.estimates.of(large), 0.04)):
+        for _ in range(10):
+            stats.observe_ttft(0.1, 0, 10)
+            stats.observe_tpot(tpot, alpha=1.0)
+    small.forecast, large.forecast = 1.5, 0.2  # small's queue misses tier S's 1 s
+    ask = GenerationRequest(model="auto", sampling=SamplingParams(max_tokens=64),
+                            messages=(Message("user", "hi"),), tier="S")
+    plan = r.plan(ask)
+    assert plan.order[0] == "large"  # up to 0.2 + 63 x 40 ms = 2.7 s, and meets S's 1 s
+    long_ask = dataclasses.replace(ask, sampling=SamplingParams(max_tokens=256))
+    plan = r.plan(long_ask)  # large: up to 10.4 s; small up to 4 s, but its TTFT misses
+    assert plan.order == ("small", "large") and plan.degraded
+    r.cfg = r.cfg.model_copy(update={"quality_total_s": None})
+    assert r.plan(long_ask).order[0] == "large"  # off: the tier's budget alone

@@ -74,7 +74,9 @@ async def one_request(client: aiohttp.ClientSession, target: Target, body: Body)
     is not the server's. The time of the first try counts."""
     t0 = time.perf_counter()
     sample = await _one_request(client, target, body, t0)
-    if not sample.ok and sample.stale:
+    for _ in range(2):  # the pool may hold more than one connection the server closed
+        if sample.ok or not sample.stale:
+            break
         sample = await _one_request(client, target, body, t0)
     return sample
 

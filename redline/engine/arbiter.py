@@ -15,11 +15,15 @@ it asks again only after handing its tokens out.
 
 For the planner, `slowdown(member)` is what sharing costs that engine now: each engine
 with work steps back to back, so with k others holding work it gets about 1/(k+1) of
-the cores.
+the cores. An answer lasts seconds, and under a steady mixed load the others' work
+comes and goes many times meanwhile, so the planner also wants what sharing cost over
+the last `RECENT_S` seconds: from the share of the cores the others used
+(`recent_slowdown`).
 """
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -38,6 +42,15 @@ class Member:
     step_s: float = 0.0  # EWMA of its step duration
     idle: bool = True  # had no work after its last step
     started: float = field(default=0.0, repr=False)
+    recent_s: float = 0.0  # core time, decaying with RECENT_S (a moving rate's numerator)
+    recent_at: float = 0.0  # when recent_s was last brought up to date (monotonic)
+
+
+RECENT_S = 10.0  # the window of `recent_slowdown`: a few answers long
+
+
+def _decayed(member: Member, now: float) -> float:
+    return member.recent_s * math.exp(-max(0.0, now - member.recent_at) / RECENT_S)
 
 
 class StepArbiter:
@@ -107,6 +120,9 @@ class StepArbiter:
             self._holders -= 1
             self._holder = None
             member.vtime += took
+            now = time.monotonic()
+            member.recent_s = _decayed(member, now) + took
+            member.recent_at = now
             member.steps += 1
             member.step_s = took if member.steps == 1 else member.step_s + 0.1 * (took - member.step_s)
             rivals = [m.vtime for m in self._waiting]
@@ -143,3 +159,15 @@ class StepArbiter:
         work queued or running each step back to back and take a fair share."""
         others = sum(1 for m in list(self._members) if m is not member and m.work() > 0)
         return 1.0 + others
+
+    def recent_slowdown(self, member: Member) -> float:
+        """What sharing cost `member` over the last RECENT_S seconds: the others used a
+        share U of the cores, so with fair turns it could have had at least 1 − U of them
+        (never less than an equal share among the k + 1 engines)."""
+        now = time.monotonic()
+        others = [m for m in list(self._members) if m is not member]
+        if not others:
+            return 1.0
+        used = sum(_decayed(m, now) for m in others) / RECENT_S
+        k = len(others)
+        return 1.0 / (1.0 - min(used, k / (k + 1)))

@@ -102,8 +102,10 @@ class Engine:
         return len(self.scheduler.running) + len(self.scheduler.waiting) + len(self._inbox)
 
     def slowdown(self) -> float:
-        """How much longer work takes here now than alone (other engines' work)."""
-        return self.arbiter.slowdown(self._member)
+        """How much longer work takes here than alone (other engines' work): now, or
+        over the last seconds if that was more (an answer outlasts this instant)."""
+        return max(self.arbiter.slowdown(self._member),
+                   self.arbiter.recent_slowdown(self._member))
 
     def predict_ttft_s(self, prompt_tokens: int, tier: str | None) -> float | None:
         """This engine's forecast of a new request's TTFT, alone on the cores (None until
@@ -120,7 +122,8 @@ class Engine:
         return None
 
     def predict_tpot_s(self) -> float | None:
-        return self.forecast.tpot_s()
+        return self.forecast.tpot_s(min(len(self.scheduler.running) + len(self._inbox),
+                                        self.forecast.n_slots - 1))
 
     def close(self) -> None:
         with self._wake:
@@ -177,7 +180,9 @@ class Engine:
         batch = self.scheduler.schedule()
         self._decode(batch)
         self._postprocess(batch)
-        self.scheduler.observe(batch, time.perf_counter() - t0)  # the prefill budget learns
+        seconds = time.perf_counter() - t0
+        self.scheduler.observe(batch, seconds)  # the prefill budget learns
+        self.forecast.observe_step(batch.n_decode, len(batch.entries) - batch.n_decode, seconds)
         self.steps += 1
 
     def _drop_cancelled(self) -> None:

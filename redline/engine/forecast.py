@@ -23,6 +23,7 @@ from redline.engine.budget import PrefillBudget
 from redline.engine.sequence import TIER_RANK, Sequence
 
 ALPHA = 0.1  # weight of the newest finished answer in the length average
+FORGET = 0.98  # per decode step, in the fit of a step's time against its batch
 
 
 class Forecast:
@@ -30,9 +31,34 @@ class Forecast:
         self.n_slots = n_slots
         self.budget = budget
         self.expected_len = expected_len  # answer length, tokens (an average, learnt)
+        # forgetting least squares of a decode-only step's seconds against its streams:
+        # a model whose batch grows from 1 to 5 streams decodes each of them slower, and
+        # the newcomer is one more
+        self._s = [0.0, 0.0, 0.0, 0.0, 0.0]  # Σw, Σw·n, Σw·n², Σw·t, Σw·n·t
 
     def finished(self, n_output: int) -> None:
         self.expected_len += ALPHA * (n_output - self.expected_len)
+
+    def observe_step(self, decoding: int, prompt: int, seconds: float) -> None:
+        """A step ran; decode-only ones teach what a step of `decoding` streams costs."""
+        if prompt or not decoding:
+            return
+        s, n = self._s, float(decoding)
+        for i, v in enumerate((1.0, n, n * n, seconds, n * seconds)):
+            s[i] = FORGET * s[i] + v
+
+    def step_s(self, streams: int) -> float | None:
+        """A decode step's seconds with `streams` decoding (alone on the cores): the fit
+        when it has seen more than one batch size, else the plain average."""
+        w, sn, snn, st, snt = self._s
+        if w <= 0:
+            return self.budget.decode_s
+        det = w * snn - sn * sn
+        if det <= 1e-9 * w * w:  # one batch size seen so far: no slope to learn
+            return st / w
+        slope = max(0.0, (w * snt - sn * st) / det)
+        base = (st - slope * sn) / w
+        return max(1e-4, base + slope * streams)
 
     def remaining(self, seq: Sequence) -> int:
         """Decode steps `seq` still takes, expected: its share of the average answer, or
@@ -44,9 +70,10 @@ class Forecast:
             expect = max(1.0, min(self.expected_len, done) / 2)
         return max(1, min(cap, math.ceil(expect)))
 
-    def tpot_s(self) -> float | None:
-        """A decode step's seconds now (what each stream's TPOT is, alone on the cores)."""
-        return self.budget.decode_s
+    def tpot_s(self, running: int) -> float | None:
+        """Each stream's TPOT once a newcomer joins the `running` streams (alone on the
+        cores)."""
+        return self.step_s(running + 1)
 
     def ttft_s(self, prompt_tokens: int, tier: str | None, running: Iterable[Sequence],
                waiting: Iterable[Sequence], tiers: bool = True) -> float | None:
@@ -61,6 +88,7 @@ class Forecast:
         ahead = [s for s in waiting if not s.cancelled and not s.unread
                  and (not tiers or TIER_RANK.get(s.tier, 1) <= rank)]
         prompt = prompt_tokens + sum(max(0, s.prefill_to - s.n_fed) for s in running + ahead)
+        step = self.step_s(max(1, len(running))) or decode_s
         free = self.n_slots - len(running)
         if tiers and rank == 0:  # a tier-S request takes a tier-B answer's slot
             free += sum(1 for s in running if s.tier == "B")
@@ -71,10 +99,10 @@ class Forecast:
             ends = sorted(self.remaining(s) for s in running)
             if ends:
                 # answers admitted ahead of it take the slots that free first
-                wait = ends[min(behind, len(ends) - 1)] * decode_s
+                wait = ends[min(behind, len(ends) - 1)] * step
                 rounds = behind // max(1, len(ends))
-                wait += rounds * self.expected_len * decode_s
+                wait += rounds * self.expected_len * step
         decoding = min(self.n_slots, len(running))
         per_step = max(1, self.budget.tokens(decoding))
         steps = max(1, math.ceil(prompt / per_step))
-        return wait + prompt * token_s + steps * decode_s
+        return wait + prompt * token_s + steps * step

@@ -6,6 +6,7 @@ to fit the total budget."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -36,27 +37,38 @@ def plan(tier: str, budget: TierBudget, candidates: Sequence[str],
          tpot_of: Callable[[str], float], shorten: bool,
          within_s: float | None = None) -> Plan:
     """`predict(model)` is None when no replica of the model can take traffic now.
-    `within_s`: among the models that meet the budget, the preferred one is taken only if
-    it is predicted to finish even an answer of `max_tokens` within this many seconds;
-    else the soonest to finish (how `auto` stops paying for a larger model when the
-    machine has no room for it)."""
+    `within_s`: only the models predicted to finish even an answer of `max_tokens` within
+    this many seconds are considered (the others stay as fallbacks after them); when none
+    does, the soonest to finish goes first. It is how `auto` stops paying for a larger
+    model when the machine has no room for it: a report that runs to its cap on a model
+    3.5x slower a token holds the shared cores, and slows everyone else, that long."""
     preds = {m: predict(m) for m in candidates}
     alive = [m for m in candidates if preds[m] is not None]
     if not alive:  # every breaker open: try in order anyway, half-open may let one through
         return Plan(tuple(candidates), None, None, degraded=True)
+    later: list[str] = []
+    if within_s is not None:
+        fits = [m for m in alive
+                if preds[m].longest_s(max_tokens) <= within_s]  # type: ignore[union-attr]
+        if fits:
+            later, alive = [m for m in alive if m not in fits], fits
+        else:
+            alive = sorted(alive, key=lambda m: preds[m].longest_s(max_tokens))  # type: ignore[union-attr]
+    p = _plan(tier, budget, alive, preds, max_tokens, tpot_of, shorten)  # type: ignore[arg-type]
+    return dataclasses.replace(p, order=p.order + tuple(later)) if later else p
+
+
+def _plan(tier: str, budget: TierBudget, alive: list[str], preds: dict[str, Prediction],
+          max_tokens: int, tpot_of: Callable[[str], float], shorten: bool) -> Plan:
     if budget.ttft_s is None and budget.total_s is None:
-        good = alive
-    else:
-        good = [m for m in alive if meets(preds[m], budget)]  # type: ignore[arg-type]
+        return Plan(tuple(alive), None, preds[alive[0]], degraded=False)
+    good = [m for m in alive if meets(preds[m], budget)]
     if good:
-        if within_s is not None:
-            good = _soon_enough(good, preds, within_s, max_tokens)  # type: ignore[arg-type]
         rest = [m for m in alive if m not in good]
         return Plan(tuple(good + rest), None, preds[good[0]], degraded=False)
-    by_ttft = sorted(alive, key=lambda m: preds[m].ttft_s)  # type: ignore[union-attr]
+    by_ttft = sorted(alive, key=lambda m: preds[m].ttft_s)
     best = by_ttft[0]
     p = preds[best]
-    assert p is not None
     cap = None
     if shorten and tier == "S" and budget.total_s is not None and p.total_s > budget.total_s:
         room = budget.total_s - p.ttft_s
@@ -66,15 +78,3 @@ def plan(tier: str, budget: TierBudget, candidates: Sequence[str],
     log.debug("tier %s: no model meets the budget; degrading to %s (predicted TTFT %.2fs, "
              "total %.2fs, max_tokens %s)", tier, best, p.ttft_s, p.total_s, cap or max_tokens)
     return Plan(tuple(by_ttft), cap, p, degraded=True)
-
-
-def _soon_enough(order: list[str], preds: dict[str, Prediction], within_s: float,
-                 max_tokens: int) -> list[str]:
-    """`order` with the models predicted to finish the longest answer allowed within
-    `within_s` first (in order); when none does, soonest to finish first. The longest,
-    not the expected length: a report that runs to its cap on a model 3.5x slower a token
-    holds the shared cores for that long."""
-    fits = [m for m in order if preds[m].longest_s(max_tokens) <= within_s]
-    if not fits:
-        return sorted(order, key=lambda m: preds[m].longest_s(max_tokens))
-    return fits + [m for m in order if m not in fits]
