@@ -302,6 +302,11 @@ class RoutingConfig(_Section):
         "while that model is predicted to finish it within this many seconds, its queue and "
         "the shared cores included; else to the one that finishes soonest. None: whenever "
         "it meets the tier's budget")
+    quality_headroom: float = Field(
+        0.5, gt=0, le=1, description="`auto` pays for a slower local model only while the "
+        "local engines used less than this share of the shared cores over the last 10 s "
+        "(the soonest to finish is always allowed): a mixed load that keeps the cores busy "
+        "gets the fast model's latency, not a queue behind the slow one")
 
 
 class SmtpConfig(_Section):

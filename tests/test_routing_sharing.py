@@ -138,3 +138,45 @@ async def test_auto_does_not_move_onto_a_model_that_would_hold_the_cores() -> No
     assert plan.order == ("small", "large") and plan.degraded
     r.cfg = r.cfg.model_copy(update={"quality_total_s": None})
     assert r.plan(long_ask).order[0] == "large"  # off: the tier's budget alone
+
+
+class OnSharedCores(Forecasting):
+    def __init__(self, *args: Any, **kw: Any) -> None:
+        super().__init__(*args, **kw)
+        self.busy = 0.0
+
+    def cores_busy(self) -> float:
+        return self.busy
+
+
+async def test_auto_takes_the_slower_model_only_while_the_cores_have_headroom() -> None:
+    small, large = OnSharedCores("small", size_rank=1), OnSharedCores("large", size_rank=2)
+    r = await router({"small": small, "large": large}, classifier="off", quality_total_s=8.0,
+                     quality_headroom=0.5)
+    for stats, tpot in ((r.estimates.of(small), 0.01), (r.estimates.of(large), 0.03)):
+        for _ in range(10):
+            stats.observe_ttft(0.1, 0, 10)
+            stats.observe_tpot(tpot, alpha=1.0)
+    report = GenerationRequest(model="auto", sampling=SamplingParams(max_tokens=200),
+                               messages=(Message("user", "write a report"),), tier="A")
+    complex_ = r._plan("A", ["large", "small"], report)
+    assert complex_.order[0] == "large"  # up to 6.1 s, and the cores are idle
+    small.busy = large.busy = 0.6  # the local engines used 60 % of the cores lately
+    crowded = r._plan("A", ["large", "small"], report)
+    assert crowded.order == ("small", "large")  # the soonest to finish; large a fallback
+
+
+async def test_degraded_tier_s_goes_to_the_least_late_not_the_soonest_first_token() -> None:
+    small, large = Forecasting("small", size_rank=1), Forecasting("large", size_rank=2)
+    r = await router({"small": small, "large": large}, classifier="off")
+    for stats, tpot in ((r.estimates.of(small), 0.05), (r.estimates.of(large), 0.2)):
+        for _ in range(10):
+            stats.observe_ttft(0.1, 0, 10)
+            stats.observe_tpot(tpot, alpha=1.0)
+            stats.observe_output(64, alpha=1.0)
+    small.forecast, large.forecast = 1.2, 0.3  # small's queue: a first token in 1.2 s
+    ask = GenerationRequest(model="auto", sampling=SamplingParams(max_tokens=64),
+                            messages=(Message("user", "hi"),), tier="S")
+    plan = r._plan("S", ["small", "large"], ask)
+    # small: 1.2 s + 63 x 50 ms = 4.4 s (1.5x its 3 s); large: 0.3 + 63 x 0.2 = 12.9 s (4.3x)
+    assert plan.degraded and plan.order[0] == "small"

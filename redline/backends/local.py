@@ -162,6 +162,10 @@ class LocalBackend:
         """For the planner: the engine's forecast from the work it has admitted."""
         return self.engine.predict_ttft_s(prompt_tokens, tier) if self.engine else None
 
+    def cores_busy(self) -> float:
+        """For the planner: how much of the shared cores the local engines used lately."""
+        return self.engine.cores_busy() if self.engine else 0.0
+
     def predict_tpot_s(self) -> float | None:
         return self.engine.predict_tpot_s() if self.engine else None
 

@@ -160,6 +160,11 @@ class StepArbiter:
         others = sum(1 for m in list(self._members) if m is not member and m.work() > 0)
         return 1.0 + others
 
+    def utilization(self) -> float:
+        """The share of the cores all engines used over the last RECENT_S seconds."""
+        now = time.monotonic()
+        return min(1.0, sum(_decayed(m, now) for m in list(self._members)) / RECENT_S)
+
     def recent_slowdown(self, member: Member) -> float:
         """What sharing cost `member` over the last RECENT_S seconds: the others used a
         share U of the cores, so with fair turns it could have had at least 1 − U of them

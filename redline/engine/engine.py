@@ -107,6 +107,10 @@ class Engine:
         return max(self.arbiter.slowdown(self._member),
                    self.arbiter.recent_slowdown(self._member))
 
+    def cores_busy(self) -> float:
+        """The share of the cores this process's local engines used lately."""
+        return self.arbiter.utilization()
+
     def predict_ttft_s(self, prompt_tokens: int, tier: str | None) -> float | None:
         """This engine's forecast of a new request's TTFT, alone on the cores (None until
         its step costs are measured). Read from another thread: a snapshot may be torn by

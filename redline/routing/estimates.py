@@ -50,6 +50,18 @@ def slowdown_of(replica: object) -> float:
 
 
 @runtime_checkable
+class UsesSharedCores(Protocol):
+    """A backend on this machine's cores that knows how busy they were lately."""
+
+    def cores_busy(self) -> float: ...
+
+
+def cores_busy(replica: object) -> float | None:
+    """The recent share of the shared cores in use; None for a backend elsewhere."""
+    return replica.cores_busy() if isinstance(replica, UsesSharedCores) else None
+
+
+@runtime_checkable
 class ForecastsTTFT(Protocol):
     """A backend that knows its own admitted work (the embedded engine, engine/forecast.py):
     its forecast of a new request's TTFT replaces the learnt queue term."""

@@ -35,21 +35,25 @@ def meets(p: Prediction, budget: TierBudget) -> bool:
 def plan(tier: str, budget: TierBudget, candidates: Sequence[str],
          predict: Callable[[str], Prediction | None], max_tokens: int,
          tpot_of: Callable[[str], float], shorten: bool,
-         within_s: float | None = None) -> Plan:
+         within_s: float | None = None, crowded: frozenset[str] = frozenset()) -> Plan:
     """`predict(model)` is None when no replica of the model can take traffic now.
     `within_s`: only the models predicted to finish even an answer of `max_tokens` within
     this many seconds are considered (the others stay as fallbacks after them); when none
     does, the soonest to finish goes first. It is how `auto` stops paying for a larger
     model when the machine has no room for it: a report that runs to its cap on a model
-    3.5x slower a token holds the shared cores, and slows everyone else, that long."""
+    3.5x slower a token holds the shared cores, and slows everyone else, that long.
+    `crowded`: models on cores with no headroom now; with `within_s`, of those only the
+    soonest to finish is considered."""
     preds = {m: predict(m) for m in candidates}
     alive = [m for m in candidates if preds[m] is not None]
     if not alive:  # every breaker open: try in order anyway, half-open may let one through
         return Plan(tuple(candidates), None, None, degraded=True)
     later: list[str] = []
     if within_s is not None:
+        soonest = min(alive, key=lambda m: preds[m].longest_s(max_tokens))  # type: ignore[union-attr]
         fits = [m for m in alive
-                if preds[m].longest_s(max_tokens) <= within_s]  # type: ignore[union-attr]
+                if preds[m].longest_s(max_tokens) <= within_s  # type: ignore[union-attr]
+                and (m not in crowded or m == soonest)]
         if fits:
             later, alive = [m for m in alive if m not in fits], fits
         else:
@@ -66,7 +70,9 @@ def _plan(tier: str, budget: TierBudget, alive: list[str], preds: dict[str, Pred
     if good:
         rest = [m for m in alive if m not in good]
         return Plan(tuple(good + rest), None, preds[good[0]], degraded=False)
-    by_ttft = sorted(alive, key=lambda m: preds[m].ttft_s)
+    # the least late first, by the budget's own measures: the soonest first token alone
+    # would move a tier-S answer onto a slow model that then misses its total by far
+    by_ttft = sorted(alive, key=lambda m: _lateness(preds[m], budget))
     best = by_ttft[0]
     p = preds[best]
     cap = None
@@ -78,3 +84,14 @@ def _plan(tier: str, budget: TierBudget, alive: list[str], preds: dict[str, Pred
     log.debug("tier %s: no model meets the budget; degrading to %s (predicted TTFT %.2fs, "
              "total %.2fs, max_tokens %s)", tier, best, p.ttft_s, p.total_s, cap or max_tokens)
     return Plan(tuple(by_ttft), cap, p, degraded=True)
+
+
+def _lateness(p: Prediction, budget: TierBudget) -> float:
+    """How far past its budget a prediction is, as a multiple of the budget (the worse
+    of TTFT and total)."""
+    late = 0.0
+    if budget.ttft_s is not None:
+        late = p.ttft_s / budget.ttft_s
+    if budget.total_s is not None:
+        late = max(late, p.total_s / budget.total_s)
+    return late

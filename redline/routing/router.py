@@ -33,7 +33,7 @@ from redline.routing.breaker import Breakers
 from redline.routing.budget import RatioBudget
 from redline.routing.capabilities import Capabilities, required
 from redline.routing.classifier import Classifier, Decision
-from redline.routing.estimates import Estimates, Prediction, own_forecast, slowdown_of
+from redline.routing.estimates import Estimates, Prediction, cores_busy, own_forecast, slowdown_of
 from redline.routing.hedge import Opened, hedged
 from redline.routing.migrate import Migration
 from redline.routing.names import AUTO, check_model, resolve_model
@@ -218,9 +218,16 @@ class Router:
         # `auto` prefers a larger model for a complex request only while it is predicted
         # to finish within quality_total_s (routing.quality_total_s)
         within = self.cfg.quality_total_s if request.model == AUTO else None
+        crowded = frozenset(m for m in candidates if self._crowded(m)) if within else frozenset()
         return plan(tier, self._budgets[tier], candidates,
                     lambda m: self.predict(m, n_prompt, max_tokens, tier), max_tokens, tpot_of,
-                    self.cfg.shorten, within)
+                    self.cfg.shorten, within, crowded)
+
+    def _crowded(self, model: str) -> bool:
+        """Every replica of `model` is on cores the local engines used more than
+        routing.quality_headroom of lately: no room to pay for a slower model there."""
+        busy = [cores_busy(r) for r in replicas_of(self.backends[model])]
+        return all(b is not None and b >= self.cfg.quality_headroom for b in busy)
 
     # -- serving --------------------------------------------------------------------
 
