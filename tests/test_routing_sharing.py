@@ -180,3 +180,23 @@ async def test_degraded_tier_s_goes_to_the_least_late_not_the_soonest_first_toke
     plan = r._plan("S", ["small", "large"], ask)
     # small: 1.2 s + 63 x 50 ms = 4.4 s (1.5x its 3 s); large: 0.3 + 63 x 0.2 = 12.9 s (4.3x)
     assert plan.degraded and plan.order[0] == "small"
+
+
+async def test_auto_tier_s_stays_on_the_cheapest_model_of_the_shared_cores() -> None:
+    small, large = OnSharedCores("small", size_rank=1), OnSharedCores("large", size_rank=2)
+    r = await router({"small": small, "large": large}, classifier="off")
+    for stats, tpot in ((r.estimates.of(small), 0.02), (r.estimates.of(large), 0.07)):
+        for _ in range(10):
+            stats.observe_ttft(0.1, 0, 10)
+            stats.observe_tpot(tpot, alpha=1.0)
+            stats.observe_output(30, alpha=1.0)
+    small.forecast, large.forecast = 2.5, 0.2  # small has a queue, large is idle
+    ask = GenerationRequest(model="auto", sampling=SamplingParams(max_tokens=40),
+                            messages=(Message("user", "hi"),), tier="S")
+    plan = r._plan("S", ["small", "large"], ask)
+    # large would answer sooner (0.2 + 39 x 70 ms = 2.9 s vs 3.3 s), but on the same
+    # cores: taking it adds no capacity and takes 3.5x more of them
+    assert plan.order == ("small", "large")
+    small.forecast = None  # the same, both on shared cores, for a named model: not auto
+    named = dataclasses.replace(ask, model="large")
+    assert r.plan(named).order[0] == "large"

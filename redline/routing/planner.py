@@ -42,20 +42,24 @@ def plan(tier: str, budget: TierBudget, candidates: Sequence[str],
     does, the soonest to finish goes first. It is how `auto` stops paying for a larger
     model when the machine has no room for it: a report that runs to its cap on a model
     3.5x slower a token holds the shared cores, and slows everyone else, that long.
-    `crowded`: models on cores with no headroom now; with `within_s`, of those only the
-    soonest to finish is considered."""
+    `crowded`: models that share cores with no room for a dearer model now; with
+    `within_s`, of those only the cheapest a token is considered (moving work onto a
+    dearer model on the same cores adds no capacity, it only takes more of it)."""
     preds = {m: predict(m) for m in candidates}
     alive = [m for m in candidates if preds[m] is not None]
     if not alive:  # every breaker open: try in order anyway, half-open may let one through
         return Plan(tuple(candidates), None, None, degraded=True)
     later: list[str] = []
     if within_s is not None:
-        soonest = min(alive, key=lambda m: preds[m].longest_s(max_tokens))  # type: ignore[union-attr]
+        shared = [m for m in alive if m in crowded]
+        cheapest = min(shared, key=lambda m: preds[m].tpot_s) if shared else None  # type: ignore[union-attr]
+        later = [m for m in alive if m in crowded and m != cheapest]  # fallbacks only
+        alive = [m for m in alive if m not in later]
         fits = [m for m in alive
-                if preds[m].longest_s(max_tokens) <= within_s  # type: ignore[union-attr]
-                and (m not in crowded or m == soonest)]
+                if preds[m].longest_s(max_tokens) <= within_s]  # type: ignore[union-attr]
         if fits:
-            later, alive = [m for m in alive if m not in fits], fits
+            later = [m for m in alive if m not in fits] + later
+            alive = fits
         else:
             alive = sorted(alive, key=lambda m: preds[m].longest_s(max_tokens))  # type: ignore[union-attr]
     p = _plan(tier, budget, alive, preds, max_tokens, tpot_of, shorten)  # type: ignore[arg-type]

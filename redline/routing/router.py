@@ -218,16 +218,22 @@ class Router:
         # `auto` prefers a larger model for a complex request only while it is predicted
         # to finish within quality_total_s (routing.quality_total_s)
         within = self.cfg.quality_total_s if request.model == AUTO else None
-        crowded = frozenset(m for m in candidates if self._crowded(m)) if within else frozenset()
+        # tier S is the latency tier: on shared cores it stays on the cheapest model (a
+        # queue there is not a reason to take more of the same cores); A and B may pay for
+        # a larger one while the cores have room
+        crowded = frozenset(m for m in candidates if self._crowded(m, tier)) if within \
+            else frozenset()
         return plan(tier, self._budgets[tier], candidates,
                     lambda m: self.predict(m, n_prompt, max_tokens, tier), max_tokens, tpot_of,
                     self.cfg.shorten, within, crowded)
 
-    def _crowded(self, model: str) -> bool:
-        """Every replica of `model` is on cores the local engines used more than
-        routing.quality_headroom of lately: no room to pay for a slower model there."""
+    def _crowded(self, model: str, tier: str) -> bool:
+        """Every replica of `model` is on shared cores with no room for a dearer model:
+        a tier-S request, or cores the local engines used more than
+        routing.quality_headroom of lately."""
         busy = [cores_busy(r) for r in replicas_of(self.backends[model])]
-        return all(b is not None and b >= self.cfg.quality_headroom for b in busy)
+        return all(b is not None and (tier == "S" or b >= self.cfg.quality_headroom)
+                   for b in busy)
 
     # -- serving --------------------------------------------------------------------
 
