@@ -26,6 +26,22 @@ async def drain(r: Routed) -> None:
         pass
 
 
+def teach(r: Router, backend: FakeBackend, ttft: float, tpot: float,
+          out: int | None = None) -> None:
+    """What the planner would have learnt from ten answers of `backend`."""
+    stats = r.estimates.of(backend)
+    for _ in range(10):
+        stats.observe_ttft(ttft, 0, 10)
+        stats.observe_tpot(tpot, alpha=1.0)
+        if out is not None:
+            stats.observe_output(out, alpha=1.0)
+
+
+def asking(text: str, tier: Any, max_tokens: int) -> GenerationRequest:
+    return GenerationRequest(model="auto", sampling=SamplingParams(max_tokens=max_tokens),
+                             messages=(Message("user", text),), tier=tier)
+
+
 async def router(backends: dict[str, FakeBackend], **cfg: Any) -> Router:
     r = Router(backends, next(iter(backends)), RoutingConfig(**cfg), Metrics())
     await r.start()
@@ -98,15 +114,9 @@ async def test_the_engines_own_forecast_replaces_the_learnt_queue_term() -> None
 async def test_auto_pays_for_the_larger_model_only_while_it_finishes_in_time() -> None:
     small, large = Forecasting("small", size_rank=1), Forecasting("large", size_rank=2)
     r = await router({"small": small, "large": large}, classifier="off", quality_total_s=8.0)
-    for _ in range(10):
-        r.estimates.of(small).observe_ttft(0.1, 0, 10)
-        r.estimates.of(small).observe_tpot(0.01, alpha=1.0)
-        r.estimates.of(large).observe_ttft(0.3, 0, 10)
-        r.estimates.of(large).observe_tpot(0.04, alpha=1.0)
-        r.estimates.of(large).observe_output(100, alpha=1.0)
-        r.estimates.of(small).observe_output(100, alpha=1.0)
-    report = GenerationRequest(model="auto", sampling=SamplingParams(max_tokens=150),
-                               messages=(Message("user", "write a report"),), tier="B")
+    teach(r, small, 0.1, 0.01, out=100)
+    teach(r, large, 0.3, 0.04, out=100)
+    report = asking("write a report", "B", 150)
     plan = r.plan(report)
     assert plan.order == ("large", "small")  # up to 0.3 + 149 x 40 ms = 6.3 s: within 8 s
     # the longest answer allowed counts, not the expected 100 tokens (4.3 s)
@@ -124,13 +134,10 @@ async def test_auto_pays_for_the_larger_model_only_while_it_finishes_in_time() -
 async def test_auto_does_not_move_onto_a_model_that_would_hold_the_cores() -> None:
     small, large = Forecasting("small", size_rank=1), Forecasting("large", size_rank=2)
     r = await router({"small": small, "large": large}, classifier="off", quality_total_s=8.0)
-    for stats, tpot in ((r.estimates.of(small), 0.01), (r.estimates.of(large), 0.04)):
-        for _ in range(10):
-            stats.observe_ttft(0.1, 0, 10)
-            stats.observe_tpot(tpot, alpha=1.0)
+    teach(r, small, 0.1, 0.01)
+    teach(r, large, 0.1, 0.04)
     small.forecast, large.forecast = 1.5, 0.2  # small's queue misses tier S's 1 s
-    ask = GenerationRequest(model="auto", sampling=SamplingParams(max_tokens=64),
-                            messages=(Message("user", "hi"),), tier="S")
+    ask = asking("hi", "S", 64)
     plan = r.plan(ask)
     assert plan.order[0] == "large"  # up to 0.2 + 63 x 40 ms = 2.7 s, and meets S's 1 s
     long_ask = dataclasses.replace(ask, sampling=SamplingParams(max_tokens=256))
@@ -153,12 +160,9 @@ async def test_auto_takes_the_slower_model_only_while_the_cores_have_headroom() 
     small, large = OnSharedCores("small", size_rank=1), OnSharedCores("large", size_rank=2)
     r = await router({"small": small, "large": large}, classifier="off", quality_total_s=8.0,
                      quality_headroom=0.5)
-    for stats, tpot in ((r.estimates.of(small), 0.01), (r.estimates.of(large), 0.03)):
-        for _ in range(10):
-            stats.observe_ttft(0.1, 0, 10)
-            stats.observe_tpot(tpot, alpha=1.0)
-    report = GenerationRequest(model="auto", sampling=SamplingParams(max_tokens=200),
-                               messages=(Message("user", "write a report"),), tier="A")
+    teach(r, small, 0.1, 0.01)
+    teach(r, large, 0.1, 0.03)
+    report = asking("write a report", "A", 200)
     complex_ = r._plan("A", ["large", "small"], report)
     assert complex_.order[0] == "large"  # up to 6.1 s, and the cores are idle
     small.busy = large.busy = 0.6  # the local engines used 60 % of the cores lately
@@ -169,14 +173,10 @@ async def test_auto_takes_the_slower_model_only_while_the_cores_have_headroom() 
 async def test_degraded_tier_s_goes_to_the_least_late_not_the_soonest_first_token() -> None:
     small, large = Forecasting("small", size_rank=1), Forecasting("large", size_rank=2)
     r = await router({"small": small, "large": large}, classifier="off")
-    for stats, tpot in ((r.estimates.of(small), 0.05), (r.estimates.of(large), 0.2)):
-        for _ in range(10):
-            stats.observe_ttft(0.1, 0, 10)
-            stats.observe_tpot(tpot, alpha=1.0)
-            stats.observe_output(64, alpha=1.0)
+    teach(r, small, 0.1, 0.05, out=64)
+    teach(r, large, 0.1, 0.2, out=64)
     small.forecast, large.forecast = 1.2, 0.3  # small's queue: a first token in 1.2 s
-    ask = GenerationRequest(model="auto", sampling=SamplingParams(max_tokens=64),
-                            messages=(Message("user", "hi"),), tier="S")
+    ask = asking("hi", "S", 64)
     plan = r._plan("S", ["small", "large"], ask)
     # small: 1.2 s + 63 x 50 ms = 4.4 s (1.5x its 3 s); large: 0.3 + 63 x 0.2 = 12.9 s (4.3x)
     assert plan.degraded and plan.order[0] == "small"
@@ -185,14 +185,10 @@ async def test_degraded_tier_s_goes_to_the_least_late_not_the_soonest_first_toke
 async def test_auto_tier_s_stays_on_the_cheapest_model_of_the_shared_cores() -> None:
     small, large = OnSharedCores("small", size_rank=1), OnSharedCores("large", size_rank=2)
     r = await router({"small": small, "large": large}, classifier="off")
-    for stats, tpot in ((r.estimates.of(small), 0.02), (r.estimates.of(large), 0.07)):
-        for _ in range(10):
-            stats.observe_ttft(0.1, 0, 10)
-            stats.observe_tpot(tpot, alpha=1.0)
-            stats.observe_output(30, alpha=1.0)
+    teach(r, small, 0.1, 0.02, out=30)
+    teach(r, large, 0.1, 0.07, out=30)
     small.forecast, large.forecast = 2.5, 0.2  # small has a queue, large is idle
-    ask = GenerationRequest(model="auto", sampling=SamplingParams(max_tokens=40),
-                            messages=(Message("user", "hi"),), tier="S")
+    ask = asking("hi", "S", 40)
     plan = r._plan("S", ["small", "large"], ask)
     # large would answer sooner (0.2 + 39 x 70 ms = 2.9 s vs 3.3 s), but on the same
     # cores: taking it adds no capacity and takes 3.5x more of them

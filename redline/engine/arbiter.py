@@ -53,6 +53,12 @@ def _decayed(member: Member, now: float) -> float:
     return member.recent_s * math.exp(-max(0.0, now - member.recent_at) / RECENT_S)
 
 
+def _share(members: list[Member]) -> float:
+    """The share of the cores `members` used over the last RECENT_S seconds."""
+    now = time.monotonic()
+    return sum(_decayed(m, now) for m in members) / RECENT_S
+
+
 class StepArbiter:
     def __init__(self, clock: Callable[[], float] = time.perf_counter,
                  grace_s: float = 0.002) -> None:
@@ -162,17 +168,15 @@ class StepArbiter:
 
     def utilization(self) -> float:
         """The share of the cores all engines used over the last RECENT_S seconds."""
-        now = time.monotonic()
-        return min(1.0, sum(_decayed(m, now) for m in list(self._members)) / RECENT_S)
+        return min(1.0, _share(list(self._members)))
 
     def recent_slowdown(self, member: Member) -> float:
         """What sharing cost `member` over the last RECENT_S seconds: the others used a
         share U of the cores, so with fair turns it could have had at least 1 − U of them
         (never less than an equal share among the k + 1 engines)."""
-        now = time.monotonic()
         others = [m for m in list(self._members) if m is not member]
         if not others:
             return 1.0
-        used = sum(_decayed(m, now) for m in others) / RECENT_S
+        used = _share(others)
         k = len(others)
         return 1.0 / (1.0 - min(used, k / (k + 1)))
