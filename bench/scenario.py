@@ -35,6 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from routing_common import pct, session  # noqa: E402
 
 from redline.backends.sse import data_payloads  # noqa: E402
+from redline.bench.loadgen import STALE_CONNECTION  # noqa: E402
 
 DATA = Path(__file__).resolve().parent / "data" / "questions.jsonl"
 LINE_S = {"frequent": 1.0, "one-off": 3.0, "report": 3.0}
@@ -114,7 +115,7 @@ async def one(client: aiohttp.ClientSession, target: Target, item: Item,
     t0 = time.perf_counter()
     try:
         return await _one(client, target, item, headers, t0)
-    except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError):
+    except STALE_CONNECTION:
         return await _one(client, target, item, headers, t0, retried=True)
 
 
@@ -145,7 +146,7 @@ async def _one(client: aiohttp.ClientSession, target: Target, item: Item,
             e2e = time.perf_counter() - t0
             return Outcome(item.kind, ttft is not None, ttft if ttft is not None else e2e, e2e,
                            model, 200, tier)
-    except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError):
+    except STALE_CONNECTION:
         if answered or retried:
             return Outcome(item.kind, False, model=model)
         raise

@@ -64,7 +64,7 @@ Body = dict[str, Any]
 
 
 # a pooled keep-alive connection the server had closed: the request never reached it
-_STALE = (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError)
+STALE_CONNECTION = (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError)
 
 
 async def one_request(client: aiohttp.ClientSession, target: Target, body: Body) -> Sample:
@@ -132,7 +132,7 @@ async def _one_request(client: aiohttp.ClientSession, target: Target, body: Body
             sample.error = "no tokens"
     except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
         sample.error = f"{type(exc).__name__}: {exc}"
-        sample.stale = isinstance(exc, _STALE) and not sample.headers
+        sample.stale = isinstance(exc, STALE_CONNECTION) and not sample.headers
     return sample
 
 
