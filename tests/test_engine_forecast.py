@@ -99,3 +99,20 @@ def test_a_step_costs_more_with_more_streams_and_the_newcomer_counts() -> None:
     for _ in range(5):
         one.observe_step(2, 0, 0.012)
     assert one.step_s(6) == pytest.approx(0.012)  # one batch size seen: no slope to guess
+
+
+def test_unread_streams_cost_a_read_newcomer_nothing(loop: asyncio.AbstractEventLoop) -> None:
+    from redline.types import Presence
+
+    f = costed()
+    away = Presence()
+    away.gone = True
+    gone = [seq(loop, "g1", written=10), seq(loop, "g2", written=20)]
+    for s in gone:
+        s.presence = away
+    alone = f.ttft_s(50, "B", [], [])
+    # both slots are held by streams nobody reads: one yields, and they pause while the
+    # newcomer's prompt runs
+    assert f.ttft_s(50, "B", gone, []) == pytest.approx(alone)
+    away.gone = False  # read again: full slots, it waits for the soonest to end
+    assert f.ttft_s(50, "B", gone, []) > alone + 50 * 0.02

@@ -207,6 +207,29 @@ def test_after_16_abandoned_streams_a_fresh_request_starts_in_the_next_step(loop
     batch = run_step(s)
     assert fresh.state is SeqState.RUNNING and s.preemptions == 1
     assert any(seq is fresh for seq, _ in batch.samplers)  # its first token, this step
+    assert {e.seq_id for e in batch.entries} == {fresh.slot}  # the unread ones paused
+    assert batch.n_decode == 0
+    batch = run_step(s)  # its prompt ran: the unread ones decode on beside it
+    assert batch.n_decode == 8
+
+
+def test_unread_streams_pause_only_while_a_read_prompt_runs(loop):
+    s = Scheduler(n_seq_max=4, n_batch=8)  # a 20-token prompt takes three steps
+    away = Presence()
+    gone = make(loop, range(5), "gone", "A", presence=away)
+    s.add(gone)
+    run_step(s)
+    away.gone = True
+    assert run_step(s).n_decode == 1  # alone, it generates on
+    fresh = make(loop, range(100, 120), "fresh", "A")
+    s.add(fresh)
+    written = len(gone.output)
+    for _ in range(3):
+        batch = run_step(s)
+        assert batch.n_decode == 0 and gone.state is SeqState.RUNNING  # a free slot: kept
+    assert fresh.output and len(gone.output) == written
+    assert run_step(s).n_decode == 2
+    assert len(gone.output) == written + 1
 
 
 def test_model_config_scheduling_fields():
@@ -222,3 +245,51 @@ def test_model_config_scheduling_fields():
     for bad in ({"scheduling": "lifo"}, {"prefill_slack": 0}, {"upstream_priority": "yes"}):
         with pytest.raises(ValidationError):
             ModelConfig(name="m", bundled="smollm2-135m-instruct", **bad)
+
+
+def _costed(s: Scheduler, base: float, per_stream: float) -> None:
+    s.budget.decode_s, s.budget.token_s = base + per_stream, 0.004
+    s.step_cost = lambda n: base + per_stream * n
+
+
+@pytest.mark.parametrize("per_stream,alone,beside", [(0.005, 1, 0), (0.0001, 3, 3)])
+def test_unread_streams_ride_only_as_their_cost_allows(loop, per_stream, alone, beside):
+    """A CPU (a step costs ~5 ms more per stream): alone, one unread stream decodes per
+    step (a newcomer waits about one stream's step); beside a read one, none. Nearly free
+    batching (a GPU): they all ride."""
+    s = Scheduler(n_seq_max=4, n_batch=64)
+    away = Presence()
+    gone = [make(loop, range(10 * i, 10 * i + 5), f"g{i}", "A", presence=away) for i in range(3)]
+    for q in gone:
+        s.add(q)
+    run_step(s)
+    away.gone = True
+    _costed(s, 0.002, per_stream)
+    assert run_step(s).n_decode == alone
+    if alone == 1:  # fewest written first: they take turns
+        assert sorted(len(q.output) for q in gone) == [1, 1, 2]
+        run_step(s)
+        run_step(s)
+        assert [len(q.output) for q in gone] == [2, 2, 2]
+    live = make(loop, [1, 2, 3], "live", "A")
+    s.add(live)
+    assert run_step(s).n_decode == 0  # its prompt runs alone
+    assert run_step(s).n_decode == 1 + beside
+
+
+def test_an_unread_prompt_runs_only_in_steps_nobody_reads(loop):
+    s = Scheduler(n_seq_max=1, n_batch=64)
+    _costed(s, 0.002, 0.005)
+    away = Presence()
+    gone = make(loop, range(40), "gone", "A", presence=away)
+    s.add(gone)
+    run_step(s)
+    run_step(s)
+    away.gone = True
+    s.add(make(loop, [1, 2, 3], "live", "A"))
+    run_step(s)  # the live one takes its slot
+    assert gone.state is SeqState.WAITING
+    s.finish(s.running[0])
+    batch = run_step(s)  # back, alone: its recompute in short steps
+    # (1 + 0.5) x a stream's 7 ms step, at 4 ms a prompt token: 2 tokens a step
+    assert len(batch.entries) == 2 and batch.n_decode == 0

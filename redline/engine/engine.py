@@ -51,6 +51,7 @@ class Engine:
         self.scheduler = Scheduler(n_seq_max, n_batch, prefix_reuse, cache_cells, tiers,
                                    PrefillBudget(n_batch, prefill_slack), speculative)
         self.forecast = Forecast(n_seq_max, self.scheduler.budget)
+        self.scheduler.step_cost = self.forecast.step_s  # how streams nobody reads ride
         self._inbox: list[Sequence] = []
         self._outbox: list[tuple[Sequence, Chunk]] = []
         self._wake = threading.Condition()

@@ -83,8 +83,9 @@ class Forecast:
         if decode_s is None or token_s is None:
             return None
         rank = TIER_RANK.get(tier or "A", 1) if tiers else 2
-        running = [s for s in running if not s.cancelled]
-        # unread streams give way to anyone; with tiers off all waiting work is ahead
+        # unread streams give way to anyone (their slots, and their decode steps while a
+        # read prompt runs); with tiers off all waiting work is ahead
+        running = [s for s in running if not s.cancelled and not s.unread]
         ahead = [s for s in waiting if not s.cancelled and not s.unread
                  and (not tiers or TIER_RANK.get(s.tier, 1) <= rank)]
         prompt = prompt_tokens + sum(max(0, s.prefill_to - s.n_fed) for s in running + ahead)

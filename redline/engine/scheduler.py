@@ -24,6 +24,16 @@ Prefill budget: while streams decode, a step carries only the prompt tokens that
 `PrefillBudget` allows (engine/budget.py: the streams' inter-token latency stays near
 their TPOT); when nothing decodes, the whole batch.
 
+Streams nobody reads run on spare time: their prompts (a recompute after preemption)
+run only in steps nobody reads, and they pause while a read prompt runs, so a newcomer's
+first token never shares its steps with them; beside read streams they decode only as
+many as keep the step within (1 + slack)x the step without them, and alone only as many
+as keep a step within (1 + slack)x a single stream's step (a newcomer arriving then
+waits about that long). The costs are the engine's measured
+step fit (`step_cost`); until it is known, or with a fixed budget, they all ride. On a
+CPU a step's cost grows with its streams, so they mostly wait for idle steps; where
+batching is nearly free (a GPU), they all ride.
+
 Speculative decoding (`drafter`, engine/speculative.py): a greedy decoding sequence may
 carry draft tokens after its decode token, each with logits; the engine verifies them and
 calls `verified`, and the rejected ones' cells leave the KV before the next step.
@@ -38,6 +48,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from redline.engine.budget import PrefillBudget
@@ -98,6 +109,8 @@ class Scheduler:
         self.preemptions = 0
         self.drafter = drafter  # None: no speculative decoding
         self._rollbacks: list[tuple[int, int]] = []  # rejected drafts' cells: (seq, p0)
+        # a decode-only step's seconds with n streams (the engine's fit), or None
+        self.step_cost: Callable[[int], float | None] | None = None
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
 
@@ -135,8 +148,15 @@ class Scheduler:
         self._trim(kv)
         # 1. admit waiting sequences, best first, while a slot is free or one yields
         self._admit(kv)
-        # 2. decode: one token for each sequence past its prompt, and its draft if any
-        decoding = [seq for seq in self.running if not seq.in_prefill]
+        # 2. decode: one token for each sequence past its prompt, and its draft if any;
+        # streams nobody reads pause while a read one runs its prompt, and otherwise
+        # ride as cost allows (see the module's docstring)
+        pause = any(q.in_prefill and not q.unread for q in self.running)
+        reading = any(not q.unread for q in self.running)
+        ready = [q for q in self.running if not q.in_prefill]
+        decoding = [q for q in ready if not q.unread]
+        if not pause:
+            decoding += self._riders([q for q in ready if q.unread], len(decoding))
         drafts: dict[int, list[int]] = {}
         spare = self.n_batch - len(decoding)  # the room drafts may take
         for seq in decoding:
@@ -154,13 +174,15 @@ class Scheduler:
         n_decode = len(entries)
         # 3. prefill: prompt chunks, best first, within the step's prompt budget
         budget = min(self.budget.tokens(n_decode), self.n_batch - n_decode)
+        if not reading:  # nobody reads: an unread stream's prompt keeps the step short too
+            budget = min(budget, self._unread_prompt(n_decode))
         order = sorted(self.running, key=lambda q: q.rank(self.tiers)) if self.tiers \
             else self.running
         for seq in order:
             if budget <= 0:
                 break
-            if not seq.in_prefill:
-                continue
+            if not seq.in_prefill or (reading and seq.unread):
+                continue  # an unread stream's prompt waits for a step nobody reads
             if seq.scheduled_at is None:
                 seq.scheduled_at = time.perf_counter()
             start = seq.n_fed
@@ -175,6 +197,36 @@ class Scheduler:
                 entries.append(BatchEntry(token, start + i, seq.slot, want))  # type: ignore[arg-type]
             fed.append((seq, chunk))
         return ScheduledBatch(entries, samplers, fed, kv, n_decode, drafts)
+
+    def _limit(self, reading: int) -> float | None:
+        """The longest step streams nobody reads may make beside `reading` read ones."""
+        cost, slack = self.step_cost, self.budget.slack
+        if cost is None or slack is None:
+            return None
+        base = cost(max(1, reading))
+        return None if base is None else (1 + slack) * base
+
+    def _riders(self, unread: list[Sequence], reading: int) -> list[Sequence]:
+        """The unread decoding streams that ride this step, fewest written first."""
+        limit = self._limit(reading)
+        if limit is None or not unread:
+            return unread
+        cost = self.step_cost
+        assert cost is not None
+        k = 0
+        while k < len(unread) and (cost(reading + k + 1) or 0.0) <= limit:
+            k += 1
+        if not reading:
+            k = max(k, 1)  # alone they always advance
+        return sorted(unread, key=lambda q: len(q.output))[:k]
+
+    def _unread_prompt(self, decoding: int) -> int:
+        """Prompt tokens an unread stream's recompute may add to a step nobody reads."""
+        limit, token_s = self._limit(0), self.budget.token_s
+        if limit is None or token_s is None:
+            return self.n_batch
+        used = (self.step_cost(decoding) or 0.0) if decoding and self.step_cost else 0.0
+        return max(1, int((limit - used) / max(token_s, 1e-9)))  # it always advances
 
     def _draft(self, seq: Sequence, decoding: int, spare: int) -> list[int]:
         """Draft tokens for `seq` this step: greedy sequences only (see speculative.py),
