@@ -27,6 +27,7 @@ from redline.config import load_config  # noqa: E402
 from redline.jobs.service import JobService  # noqa: E402
 from redline.jobs.spec import JobSpec  # noqa: E402
 from redline.pipeline import Pipeline  # noqa: E402
+from redline.routing.router import Router  # noqa: E402
 from redline.telemetry.metrics import Metrics  # noqa: E402
 from redline.types import GenerationRequest, Message, SamplingParams  # noqa: E402
 
@@ -39,7 +40,9 @@ def pct(xs: list[float], p: float) -> float:
 async def submits(data: Path, n: int, durable: bool) -> list[float]:
     cfg = load_config(server={"data_dir": str(data)}, jobs={"durable": durable}).jobs
     metrics = Metrics()
-    pipeline = Pipeline({"fake": FakeBackend()}, "fake", metrics)
+    root = load_config(server={"data_dir": str(data)}, jobs={"durable": durable})
+    router = Router({"fake": FakeBackend()}, "fake", root.routing, metrics)
+    pipeline = Pipeline(router, metrics)
     svc = JobService(cfg, data, None, pipeline, metrics.jobs,
                      lambda u, b: None)  # type: ignore[arg-type,return-value]
     spec = JobSpec.of("chat", GenerationRequest(model="fake", sampling=SamplingParams(max_tokens=8),
