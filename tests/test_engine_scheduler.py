@@ -107,6 +107,32 @@ def test_prefix_reuse_takes_the_free_slot_with_the_longest_shared_prefix(loop):
     assert len(batch.entries) == 3  # only the new suffix is computed
 
 
+def test_a_trivial_shared_prefix_does_not_overwrite_a_valuable_one(loop):
+    """Two questions that share only the chat template's first 3 tokens: the second goes
+    to an empty slot, so the first's cached prompt is still there when it comes again."""
+    s = Scheduler(n_seq_max=2, n_batch=64)
+    template = [1, 2, 3]
+    q1 = make(loop, template + list(range(100, 120)), "q1")
+    s.add(q1)
+    run_step(s)
+    s.finish(q1)
+    q2 = make(loop, template + list(range(200, 220)), "q2")
+    s.add(q2)
+    run_step(s)
+    assert q2.slot != q1.slot and q2.reused == 0
+    s.finish(q2)
+    again = make(loop, template + list(range(100, 118)) + [7, 7], "again")
+    s.add(again)
+    s.schedule()
+    assert again.slot == q1.slot and again.reused == 21
+    # no empty slot left: the one used longest ago, whatever little it shares
+    s.finish(again)
+    third = make(loop, template + list(range(300, 320)), "third")
+    s.add(third)
+    s.schedule()
+    assert third.slot == q2.slot and third.reused == 3
+
+
 def test_prefix_reuse_copies_from_a_running_sequence(loop):
     s = Scheduler(n_seq_max=3, n_batch=64)
     system = list(range(30))

@@ -8,7 +8,10 @@ is free. A finished or cancelled sequence leaves at the next step.
 Prefix reuse: a slot (llama.cpp sequence id) keeps the KV of its last tokens after
 its sequence leaves. A new prompt takes the free slot whose cached tokens share the
 longest prefix with it, or copies the shared prefix from a running sequence
-(`seq_cp`: cells are shared in the unified KV buffer, nothing is recomputed).
+(`seq_cp`: cells are shared in the unified KV buffer, nothing is recomputed). When the
+best free slot shares less than half of the prompt (a chat template's first tokens), it
+takes an empty slot, else the one used longest ago, so that a trivial match does not
+overwrite a prefix worth more to the next request that shares it.
 
 Order (with `tiers`, the default): a tier-S sequence is admitted and prefilled before
 waiting A and B work. Under pressure (no free slot) a waiting S takes the slot of a
@@ -314,6 +317,13 @@ class Scheduler:
                     best_free, best_free_n = slot, n
                 elif slot.owner is not None and n > best_busy_n:
                     best_busy, best_busy_n = slot, n
+        if best_free_n * 2 < len(context):
+            # little in common (a chat template's first tokens): taking that slot would
+            # throw away a prefix worth more to someone else (llama-server's default slot
+            # similarity, 0.5); an empty slot, else the one used longest ago
+            best_free = min(free, key=lambda s: (bool(s.tokens), s.last_used))
+            best_free_n = (min(common_prefix(best_free.tokens, context), limit)
+                           if self.prefix_reuse else 0)
         slot = best_free
         if best_busy is not None and best_busy_n > best_free_n:
             kv.removals.append((slot.seq_id, 0))
