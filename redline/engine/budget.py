@@ -11,21 +11,13 @@ there is no one to stall: the whole batch is the prompt's.
 Both costs are measured, not configured: an average of decode-only steps' seconds, and
 of the seconds each prompt token adds to a step (weights, threads and cores differ per
 machine and model). Until both are known, a small first budget.
-
-The budget while streams decode follows what a prompt token adds to a *mixed* step, the
-last few of them (`mixed_s`), not the average over all steps: a token late in a long
-prompt attends over every cell before it (and, in the unified KV buffer, beside every
-running stream's cells), so it costs several times an early one, and an average that
-lags lets the steps grow past the slack as the prefill goes on. The floor is one token:
-the prompt always advances, and never by more than the slack allows.
 """
 
 from __future__ import annotations
 
 ALPHA = 0.2  # weight of the newest step in the running averages
-MIXED_ALPHA = 0.5  # the same for a mixed step's token cost: it rises as the prefill goes on
 FIRST = 64  # tokens per step before the costs are known
-FLOOR = 1  # a prompt always advances
+FLOOR = 8  # a prompt always advances
 
 
 class PrefillBudget:
@@ -34,17 +26,15 @@ class PrefillBudget:
         self.slack = slack  # None: fixed (the whole rest of the batch, every step)
         self.decode_s: float | None = None  # a decode-only step
         self.token_s: float | None = None  # what one prompt token adds to a step
-        self.mixed_s: float | None = None  # the same beside decoding streams, lately
 
     def tokens(self, decoding: int) -> int:
         """Prompt tokens for the next step, with `decoding` streams decoding in it."""
         room = self.n_batch - decoding
         if self.slack is None or decoding == 0:
             return room
-        token_s = self.mixed_s if self.mixed_s is not None else self.token_s
-        if self.decode_s is None or token_s is None:
+        if self.decode_s is None or self.token_s is None:
             return max(0, min(room, FIRST))
-        fit = int(self.slack * self.decode_s / max(token_s, 1e-9))
+        fit = int(self.slack * self.decode_s / max(self.token_s, 1e-9))
         return max(0, min(room, max(FLOOR, fit)))
 
     def observe(self, decoding: int, prompt: int, seconds: float) -> None:
@@ -60,11 +50,8 @@ class PrefillBudget:
         if not decoding and prompt < FIRST:
             return  # a short prompt's step is mostly the fixed part: it would mislead
         base = self.decode_s if decoding and self.decode_s is not None else 0.0
-        added = max(0.0, seconds - base) / prompt
-        self.token_s = _avg(self.token_s, added)
-        if decoding:
-            self.mixed_s = _avg(self.mixed_s, added, MIXED_ALPHA)
+        self.token_s = _avg(self.token_s, max(0.0, seconds - base) / prompt)
 
 
-def _avg(old: float | None, new: float, alpha: float = ALPHA) -> float:
-    return new if old is None else old + alpha * (new - old)
+def _avg(old: float | None, new: float) -> float:
+    return new if old is None else old + ALPHA * (new - old)
