@@ -15,6 +15,7 @@ from jobs_support import wait_until
 
 from redline.api.app import create_app
 from redline.api.auth import digest
+from redline.api.services import services_of
 from redline.backends.fake import FakeBackend
 from redline.config import RedlineConfig
 
@@ -158,3 +159,24 @@ def test_a_job_counts_against_its_keys_own_request_limit(client: TestClient) -> 
     r = c.post("/v1/chat/completions", json=chat(), headers=h(key))
     assert r.status_code == 429 and "RPM" in r.json()["error"]["message"], r.text
     assert c.post("/v1/chat/completions", json=chat(), headers=h(USER)).status_code == 200
+
+
+def test_a_revoked_keys_queued_job_does_not_run(client: TestClient) -> None:
+    """Accepted before the key was revoked, claimed after: it fails with a 401 error
+    instead of running on a key that no longer exists."""
+    c = client
+    key, key_id = make_key(c)
+    worker = services_of(c.app).jobs.worker
+    ready = worker.ready
+    worker.ready = lambda: False  # nothing is claimed while the key is revoked
+    r = c.post("/v1/chat/completions", json={**chat(), "background": True}, headers=h(key))
+    assert r.status_code == 202, r.text
+    job_id = r.json()["id"]
+    assert c.delete(f"/v1/admin/keys/{key_id}", headers=h(ADMIN)).status_code == 200
+    worker.ready = ready  # claims resume
+    wait_until(lambda: c.get(f"/v1/jobs/{job_id}", headers=h(USER)).json()["status"]
+               in ("succeeded", "failed"), timeout=60)
+    job = c.get(f"/v1/jobs/{job_id}", headers=h(USER)).json()
+    assert job["status"] == "failed", job
+    assert job["error"]["type"] == "authentication_error" and "revoked" in job["error"]["message"]
+    assert usage_of(c, key_id).get("requests", 0) == 0  # it never ran

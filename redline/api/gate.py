@@ -30,7 +30,7 @@ from redline.api.keyring import ManagedKeys, key_label
 from redline.api.limits import TenantLimiter, estimate_tokens, limit_key
 from redline.api.slots import GenerationSlots
 from redline.config import ApiKey, LimitsConfig
-from redline.errors import ModelNotFound, RateLimited
+from redline.errors import AuthenticationFailed, ModelNotFound, RateLimited
 from redline.store.base import Store, StoreUnavailable
 from redline.store.leases import RedisLeases
 from redline.telemetry.usage import UsageLog
@@ -233,7 +233,9 @@ class JobGate:
             raise
 
     async def _key(self, label: str) -> ApiKey | None:
-        """The entry of the key a job names: a config key by name, a managed one by id."""
+        """The entry of the key a job names: a config key by name, a managed one by id.
+        A managed key revoked since the job was accepted: the job does not run (401), as
+        the key's own requests are refused."""
         if label in self.config_keys:
             return self.config_keys[label]
         if self.keys is None or not label.startswith("key_"):
@@ -242,7 +244,10 @@ class JobGate:
             record = await self.keys.by_id(label)
         except StoreUnavailable:
             return None  # fail open, as the budget check does
-        return None if record is None else record.key
+        if record is None:
+            raise AuthenticationFailed(f"The API key {label} this work was made with was "
+                                       "revoked; it did not run.")
+        return record.key
 
     async def _pace(self, tenant: str, request: Any) -> None:
         limiter = self.limiter

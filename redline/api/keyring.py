@@ -90,9 +90,12 @@ class ManagedKeys:
         self.ids[key_id] = (record, now + self.ttl_s)
         return record
 
-    def forget(self, sha256: str) -> None:
-        """This replica stops accepting a revoked or rotated key at once."""
+    def forget(self, sha256: str, key_id: str | None = None) -> None:
+        """This replica stops accepting a revoked or rotated key at once (`key_id`: a
+        revoked one's id, so that its queued jobs stop here at once too)."""
         self.seen.pop(sha256, None)
+        if key_id is not None:
+            self.ids.pop(key_id, None)
 
 
 def key_label(scope: Scope) -> str:

@@ -114,5 +114,5 @@ async def revoke(key_id: str, request: Request) -> dict[str, Any]:
     record = await keys.keys.revoke(key_id)
     if record is None:
         raise _not_found(key_id)
-    keys.forget(record.key.sha256)
+    keys.forget(record.key.sha256, key_id)
     return {"id": key_id, "object": "api_key.deleted", "deleted": True}
