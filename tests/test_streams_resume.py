@@ -11,6 +11,7 @@ import re
 import threading
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import openai
@@ -275,3 +276,35 @@ def test_proxy_cuts(fake_server):
         httpx.get(f"{proxy.url}/healthz", timeout=5).raise_for_status()
     with CuttingProxy(port, lambda: None) as proxy:
         assert httpx.get(f"{proxy.url}/healthz", timeout=5).status_code == 200
+
+
+@pytest_slow
+def test_a_stream_that_gave_its_slot_away_resumes_whole(server_factory):
+    """Issue 21: a stream whose client left yields its slot to requests somebody reads
+    (preempted: it keeps its token ids and is recomputed from them later). Resumed, the
+    events joined to what the client held are exactly the full replay, and the text is
+    the uninterrupted greedy answer."""
+    cfg = smol_config(streams={"resume_grace_s": 60})
+    cfg["models"][0]["n_seq_max"] = 2  # two live requests take every slot
+    url = server_factory(cfg).url
+    long = {**CHAT, "max_tokens": 160, "ignore_eos": True}
+    _, uninterrupted = _raw(url, long)
+    answer = _sse_text(uninterrupted)
+    preempted = f'redline_engine_preemptions_total{{model="{SMOL}"}}'
+    before = _metric(url, preempted)
+    sid, head = _raw(url, long, cut_after=3)  # the client leaves; it generates on
+    live = {**CHAT, "max_tokens": 48, "ignore_eos": True}
+
+    def ask(i: int) -> int:
+        body = {**live, "messages": [{"role": "user", "content": f"Count to {i + 20}."}]}
+        return httpx.post(f"{url}/v1/chat/completions", json=body, timeout=120).status_code
+
+    with ThreadPoolExecutor(2) as pool:
+        assert list(pool.map(ask, range(2))) == [200, 200]
+    assert _metric(url, preempted) >= before + 1  # it gave its slot away
+    r = httpx.get(f"{url}/v1/streams/{sid}", timeout=120,
+                  headers={"Last-Event-ID": f"{sid}:3"})
+    assert r.status_code == 200
+    joined = head + r.content
+    assert joined == httpx.get(f"{url}/v1/streams/{sid}", timeout=60).content
+    assert _sse_text(joined) == answer

@@ -75,3 +75,17 @@ def test_hardware_gauges_without_gpu_skip_cleanly() -> None:
     assert names[:2] == ["redline_cpu_utilization", "redline_memory_utilization"]
     # GPU gauges appear exactly when NVML reports a device (none on this machine)
     assert ("redline_gpu_utilization" in names) == bool(sample.gpus)
+
+
+def test_engine_counters_are_read_at_scrape_time() -> None:
+    now = {"smol": {"steps": 10, "preemptions": 2, "evictions": 1, "slots_busy": 3}}
+    m = Metrics()
+    m.watch_engines(lambda: now)
+    assert m.value("redline_engine_preemptions_total", {"model": "smol"}) == 2
+    now["smol"]["preemptions"] = 5  # a later scrape sees the engine's count now
+    assert m.value("redline_engine_preemptions_total", {"model": "smol"}) == 5
+    assert m.value("redline_engine_steps_total", {"model": "smol"}) == 10
+    assert m.value("redline_engine_slots_busy", {"model": "smol"}) == 3
+    off = Metrics(enabled=False)
+    off.watch_engines(lambda: now)  # nothing registered, nothing scraped
+    assert b"redline_engine" not in off.render()

@@ -24,6 +24,7 @@ from redline.api.keyring import ManagedKeys
 from redline.api.limits import TenantLimiter, storage_url
 from redline.api.responses_background import Background
 from redline.backends.base import Backend
+from redline.backends.local import LocalBackend
 from redline.cache import ResponseCache
 from redline.config import ModelConfig, RedlineConfig
 from redline.engine.arbiter import StepArbiter
@@ -130,6 +131,8 @@ def build(config: RedlineConfig, backends: Mapping[str, Backend] | None = None,
         models_dir = config.data_path("models", ".keep").parent
         arbiter = StepArbiter()  # one budget for the cores, whatever the number of local models
         backends = {m.name: build_backend(m, models_dir, arbiter) for m in config.models}
+    metrics.watch_engines(lambda: {name: b.stats() for name, b in backends.items()
+                                   if isinstance(b, LocalBackend)})
     named = config.default_model
     default = named if named is not None and named in backends else next(iter(backends))
     threads = library_threads(config.server.library_threads,

@@ -158,6 +158,16 @@ class LocalBackend:
     def load(self) -> int:
         return self.engine.active if self.engine else 0
 
+    def stats(self) -> dict[str, int]:
+        """The engine's scheduler counters, for /metrics (read from another thread: a
+        step may move them on meanwhile)."""
+        e = self.engine
+        if e is None:
+            return {}
+        s = e.scheduler
+        return {"steps": e.steps, "preemptions": s.preemptions, "evictions": s.evictions,
+                "slots_busy": sum(1 for slot in s.slots if slot.owner is not None)}
+
     def predict_ttft_s(self, prompt_tokens: int, tier: str | None) -> float | None:
         """For the planner: the engine's forecast from the work it has admitted."""
         return self.engine.predict_ttft_s(prompt_tokens, tier) if self.engine else None

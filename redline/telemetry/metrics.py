@@ -7,6 +7,7 @@ a call that does nothing, and nothing is registered or scraped."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from prometheus_client import (
@@ -17,6 +18,8 @@ from prometheus_client import (
     ProcessCollector,
     generate_latest,
 )
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
 
 from redline.telemetry.hardware import Hardware, HardwareCollector
 
@@ -94,6 +97,12 @@ class Metrics:
         r.register(HardwareCollector(self.hardware))
         ProcessCollector(registry=r)
 
+    def watch_engines(self, stats: Callable[[], Mapping[str, Mapping[str, int]]]) -> None:
+        """Export the embedded engines' counters, read at scrape time (`stats`: model ->
+        EngineCollector.FIELDS)."""
+        if self.enabled:
+            self.registry.register(EngineCollector(stats))
+
     def _noop(self) -> None:
         for name in ("ttft", "tpot", "e2e", "queue", "stage", "requests", "output_tokens",
                      "cache_lookups", "slo_violations", "degradations", "stream_interruptions",
@@ -109,3 +118,33 @@ class Metrics:
         if not self.enabled:
             return OFF_TEXT
         return generate_latest(self.registry)
+
+
+class EngineCollector(Collector):
+    """The embedded engines' scheduler counters, per model: decode steps, preemptions (a
+    sequence gave its slot to another: tier S over B, or a read stream over one nobody
+    reads; it continues later), forgotten cached prefixes, and the slots in use now."""
+
+    COUNTERS = {
+        "steps": ("redline_engine_steps", "Decode steps run by the embedded engine"),
+        "preemptions": ("redline_engine_preemptions",
+                        "Sequences that gave their slot away and continued later"),
+        "evictions": ("redline_engine_prefix_evictions",
+                      "Cached prompt prefixes forgotten to bound the KV cells they hold"),
+    }
+
+    def __init__(self, stats: Callable[[], Mapping[str, Mapping[str, int]]]) -> None:
+        self.stats = stats
+
+    def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
+        now = self.stats()
+        for field, (name, doc) in self.COUNTERS.items():
+            family = CounterMetricFamily(name, doc, labels=("model",))
+            for model, values in now.items():
+                family.add_metric((model,), values.get(field, 0))
+            yield family
+        busy = GaugeMetricFamily("redline_engine_slots_busy",
+                                 "Sequences holding an engine slot now", labels=("model",))
+        for model, values in now.items():
+            busy.add_metric((model,), values.get("slots_busy", 0))
+        yield busy
