@@ -80,9 +80,10 @@ def workload(n: int, tenants: int, system_tokens: int, max_tokens: int) -> list[
 
 
 async def run(policy: Policy, requests: list[GenerationRequest], concurrency: int,
-              models_dir: Path) -> dict[str, Any]:
+              models_dir: Path, cache_tokens: int | None = None) -> dict[str, Any]:
     cfg = ModelConfig.model_validate({"name": "m", "bundled": "smollm2-135m-instruct", "n_threads": 1,
                                       "n_seq_max": 8, "n_ctx": 2048, "replicas": 2,
+                                      "prefix_cache_tokens": cache_tokens,
                                       "placement": {"policy": policy}})
     replicas = [Counted(LocalBackend(cfg, models_dir)) for _ in range(cfg.replicas)]
     pool = PoolBackend("m", cast(list[Backend], replicas), cfg.placement, cfg.cache_blocks())
@@ -99,7 +100,7 @@ async def run(policy: Policy, requests: list[GenerationRequest], concurrency: in
         while queue:
             req = queue.pop(0)
             t0 = time.perf_counter()
-            got = await router.open(req)
+            got = await router.open(router.plan(req))
             ttfts.append(time.perf_counter() - t0)
             tokens += got.first.tokens
             async for chunk in got.rest:
@@ -128,10 +129,13 @@ async def amain() -> None:
     p.add_argument("--concurrency", type=int, default=8)
     p.add_argument("--models-dir", default=".redline/models")
     p.add_argument("--policies", nargs="*", default=["prefix", "least_loaded"])
+    p.add_argument("--prefix-cache-tokens", type=int, default=None,
+                   help="models[].prefix_cache_tokens for both policies (default: n_ctx)")
     a = p.parse_args()
     requests = workload(a.requests, a.tenants, a.system_tokens, a.max_tokens)
     for policy in a.policies:
-        print(json.dumps(await run(cast(Policy, policy), requests, a.concurrency, Path(a.models_dir))),
+        print(json.dumps(await run(cast(Policy, policy), requests, a.concurrency, Path(a.models_dir),
+                                   a.prefix_cache_tokens)),
               flush=True)
 
 
