@@ -20,6 +20,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 import yaml
@@ -107,7 +108,10 @@ def main() -> int:
                 time.sleep(0.2)
             with httpx.Client(base_url=url, timeout=120) as client:
                 ask(client, "warm up the connection", 4)
-                miss, exact, sem, sem_other = [], [], [], {}
+                miss: list[float] = []
+                exact: list[float] = []
+                sem: list[float] = []
+                sem_other: dict[str, Any] = {}
                 for q, _ in qs:
                     dt, result, _ = ask(client, q, args.max_tokens)
                     if result == "miss":

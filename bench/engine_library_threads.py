@@ -163,9 +163,10 @@ def main() -> int:
     print()
     for name, got in rows.items():
         tok = statistics.mean(x[0] for x in got)
-        busy, idle = statistics.mean(x[1] for x in got), statistics.mean(x[2] for x in got)
+        busy_mean = statistics.mean(x[1] for x in got)
+        idle_mean = statistics.mean(x[2] for x in got)
         line = (f"library_threads={name:5s}: {tok:6.1f} tok/s ({' / '.join(f'{x[0]:.1f}' for x in got)}), "
-                f"llama.cpp threads {busy:.0%} busy, machine idle {idle:.0%} of a core")
+                f"llama.cpp threads {busy_mean:.0%} busy, machine idle {idle_mean:.0%} of a core")
         if side[name]:
             lat = sorted(x[0] for x in side[name])
             hits = sum(1 for x in side[name] if x[1] == "semantic")

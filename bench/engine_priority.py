@@ -59,7 +59,7 @@ def schedule(n: int, rate: float, seed: int) -> list[tuple[float, str, str]]:
 def admission() -> Admission:
     cfg = RoutingConfig()
     return Admission(cfg.max_inflight, {t: b.max_inflight for t, b in cfg.tiers.items()},
-                     dict(cfg.shed_at))
+                     {str(t): f for t, f in cfg.shed_at.items()})
 
 
 async def serve(engine: Engine, tokens: list[int], tier: str,

@@ -21,6 +21,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 import yaml
@@ -98,7 +99,7 @@ async def main(args: argparse.Namespace) -> dict[str, object]:
         for target in arms.values():  # warm both
             await run_closed(target, body, args.concurrency, args.concurrency * 2)
         totals = {name: {"requests": 0, "tokens": 0, "seconds": 0.0, "errors": 0} for name in arms}
-        rounds = []
+        rounds: list[dict[str, Any]] = []
         order = ["on", "off", "off", "on"] * args.rounds
         for name in order[: 2 * args.rounds]:
             result = await run_closed(arms[name], body, args.concurrency, args.requests)

@@ -17,6 +17,7 @@ import json
 import random
 import sys
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from routing_common import Procs, Result, session, stream_once, summary  # noqa: E402
@@ -96,7 +97,7 @@ async def run(duration: float, factor: float) -> dict[str, object]:
         work = workload(n)
         out: dict[str, object] = {"offered_rps": rate, "large_capacity_rps": large_capacity_rps(),
                                   "requests": n}
-        gateways = {
+        gateways: dict[str, dict[str, Any]] = {
             "redline_slo": ({"default_model": "large",
                              "routing": {"max_inflight": 24}}),
             "fcfs_no_tiers": ({"default_model": "large", "routing": {"mode": "fcfs"}}),
