@@ -282,14 +282,15 @@ def test_proxy_cuts(fake_server):
 def test_a_stream_that_gave_its_slot_away_resumes_whole(server_factory):
     """Issue 21: a stream whose client left yields its slot to requests somebody reads
     (preempted: it keeps its token ids and is recomputed from them later). Resumed, the
-    events joined to what the client held are exactly the full replay, and the text is
-    the uninterrupted greedy answer."""
+    events joined to what the client held are exactly the full replay: numbered without
+    gap or repeat, ending in [DONE], its text going on from what the client had. (Not
+    the same text as an uninterrupted run: the recompute's KV differs from incremental
+    decoding in the last bits, llama.cpp's kernels are not batch-invariant, and a near tie
+    later in a long greedy answer may go the other way.)"""
     cfg = smol_config(streams={"resume_grace_s": 60})
     cfg["models"][0]["n_seq_max"] = 2  # two live requests take every slot
     url = server_factory(cfg).url
     long = {**CHAT, "max_tokens": 160, "ignore_eos": True}
-    _, uninterrupted = _raw(url, long)
-    answer = _sse_text(uninterrupted)
     preempted = f'redline_engine_preemptions_total{{model="{SMOL}"}}'
     before = _metric(url, preempted)
     sid, head = _raw(url, long, cut_after=3)  # the client leaves; it generates on
@@ -307,4 +308,8 @@ def test_a_stream_that_gave_its_slot_away_resumes_whole(server_factory):
     assert r.status_code == 200
     joined = head + r.content
     assert joined == httpx.get(f"{url}/v1/streams/{sid}", timeout=60).content
-    assert _sse_text(joined) == answer
+    ids = [int(x) for x in re.findall(rb"^id: [^:]+:(\d+)$", joined, re.M)]
+    assert ids == list(range(1, len(ids) + 1)) and len(ids) > 3
+    assert joined.endswith(b"data: [DONE]\n\n")
+    held, whole = _sse_text(head), _sse_text(joined)
+    assert whole.startswith(held) and len(whole) > len(held) + 200  # 160 tokens on

@@ -32,10 +32,10 @@ run only in steps nobody reads, and they pause while a read prompt runs, so a ne
 first token never shares its steps with them; beside read streams they decode only as
 many as keep the step within (1 + slack)x the step without them, and alone only as many
 as keep a step within (1 + slack)x a single stream's step (a newcomer arriving then
-waits about that long). The costs are the engine's measured
-step fit (`step_cost`); until it is known, or with a fixed budget, they all ride. On a
-CPU a step's cost grows with its streams, so they mostly wait for idle steps; where
-batching is nearly free (a GPU), they all ride.
+waits about that long). The costs are the engine's measured step fit (`step_cost`);
+until it is known, or with a fixed budget, they all ride. On a CPU a step's cost grows
+with its streams, so they mostly wait for idle steps; where batching is nearly free (a
+GPU), they all ride.
 
 Speculative decoding (`drafter`, engine/speculative.py): a greedy decoding sequence may
 carry draft tokens after its decode token, each with logits; the engine verifies them and
@@ -155,7 +155,7 @@ class Scheduler:
         # streams nobody reads pause while a read one runs its prompt, and otherwise
         # ride as cost allows (see the module's docstring)
         pause = any(q.in_prefill and not q.unread for q in self.running)
-        reading = any(not q.unread for q in self.running)
+        anyone_reads = any(not q.unread for q in self.running)
         ready = [q for q in self.running if not q.in_prefill]
         decoding = [q for q in ready if not q.unread]
         if not pause:
@@ -177,14 +177,14 @@ class Scheduler:
         n_decode = len(entries)
         # 3. prefill: prompt chunks, best first, within the step's prompt budget
         budget = min(self.budget.tokens(n_decode), self.n_batch - n_decode)
-        if not reading:  # nobody reads: an unread stream's prompt keeps the step short too
+        if not anyone_reads:  # an unread stream's prompt keeps the step short too
             budget = min(budget, self._unread_prompt(n_decode))
         order = sorted(self.running, key=lambda q: q.rank(self.tiers)) if self.tiers \
             else self.running
         for seq in order:
             if budget <= 0:
                 break
-            if not seq.in_prefill or (reading and seq.unread):
+            if not seq.in_prefill or (anyone_reads and seq.unread):
                 continue  # an unread stream's prompt waits for a step nobody reads
             if seq.scheduled_at is None:
                 seq.scheduled_at = time.perf_counter()
