@@ -166,7 +166,7 @@ class LocalBackend:
             return {}
         s = e.scheduler
         return {"steps": e.steps, "preemptions": s.preemptions, "evictions": s.evictions,
-                "slots_busy": sum(1 for slot in s.slots if slot.owner is not None)}
+                "slots_busy": len(s.running)}  # each running sequence holds a slot
 
     def predict_ttft_s(self, prompt_tokens: int, tier: str | None) -> float | None:
         """For the planner: the engine's forecast from the work it has admitted."""

@@ -305,25 +305,21 @@ class Scheduler:
 
     def _place(self, seq: Sequence, kv: KVOps) -> None:
         """Give `seq` a free slot, reusing the longest cached prefix we have."""
-        free = [s for s in self.slots if s.owner is None]
         context = seq.context()
         limit = len(context) - 1  # the last token must run to give logits
-        best_free, best_free_n = min(free, key=lambda s: s.last_used), 0
-        best_busy, best_busy_n = None, 0
-        if self.prefix_reuse:
-            for slot in self.slots:
-                n = min(common_prefix(slot.tokens, context), limit)
-                if slot.owner is None and n > best_free_n:
-                    best_free, best_free_n = slot, n
-                elif slot.owner is not None and n > best_busy_n:
-                    best_busy, best_busy_n = slot, n
-        if best_free_n * 2 < len(context):
+        shared = {s.seq_id: min(common_prefix(s.tokens, context), limit)
+                  if self.prefix_reuse else 0 for s in self.slots}
+        free = [s for s in self.slots if s.owner is None]
+        best_free = max(free, key=lambda s: shared[s.seq_id])
+        if shared[best_free.seq_id] * 2 < len(context):
             # little in common (a chat template's first tokens): taking that slot would
             # throw away a prefix worth more to someone else (llama-server's default slot
             # similarity, 0.5); an empty slot, else the one used longest ago
             best_free = min(free, key=lambda s: (bool(s.tokens), s.last_used))
-            best_free_n = (min(common_prefix(best_free.tokens, context), limit)
-                           if self.prefix_reuse else 0)
+        best_free_n = shared[best_free.seq_id]
+        best_busy = max((s for s in self.slots if s.owner is not None),
+                        key=lambda s: shared[s.seq_id], default=None)
+        best_busy_n = shared[best_busy.seq_id] if best_busy is not None else 0
         slot = best_free
         if best_busy is not None and best_busy_n > best_free_n:
             kv.removals.append((slot.seq_id, 0))

@@ -99,7 +99,7 @@ class Metrics:
 
     def watch_engines(self, stats: Callable[[], Mapping[str, Mapping[str, int]]]) -> None:
         """Export the embedded engines' counters, read at scrape time (`stats`: model ->
-        EngineCollector.FIELDS)."""
+        the keys of EngineCollector.COUNTERS, and `slots_busy`)."""
         if self.enabled:
             self.registry.register(EngineCollector(stats))
 
