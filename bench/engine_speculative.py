@@ -8,10 +8,11 @@ prompt-lookup drafting (engine/speculative.py), rounds interleaved in one run.
 Two engines over one loaded model, one with drafting and one without, take turns on the
 same prompts (the order flips each round): answers that quote their prompt (a typo fix, a
 rename in code, an extraction) and ordinary chat questions, where drafting should cost
-little. One request at a time (a single user), greedy. TPOT is a request's decode time
-over its tokens after the first; the table gives medians per kind, the draft tokens
-accepted / proposed, and how many answers were the same text in both modes. The engine is
-called in process (no HTTP): this is the engine's share.
+little. One request at a time (a single user), greedy (or sampled with `--temperature`,
+each prompt seeded alike in both modes). TPOT is a request's decode time over its tokens
+after the first; the table gives medians per kind, the draft tokens accepted / proposed,
+and how many answers were the same text in both modes. The engine is called in process (no
+HTTP): this is the engine's share.
 """
 
 from __future__ import annotations
@@ -60,13 +61,14 @@ def chat_tokens(model: LlamaModel, question: str) -> list[int]:
     return model.tokenize(model.render_chat((Message("user", question),)), add_special=False)
 
 
-async def one(engine: Engine, tokens: list[int], max_tokens: int) -> tuple[str, float, int]:
+async def one(engine: Engine, tokens: list[int], max_tokens: int, temperature: float = 0.0,
+              seed: int | None = None) -> tuple[str, float, int]:
     """(text, TPOT seconds, output tokens) of one request alone."""
     stamps: list[float] = []
     text = ""
     n = 0
-    async for chunk in engine.generate(tokens, SamplingParams(max_tokens=max_tokens,
-                                                              temperature=0.0)):
+    sampling = SamplingParams(max_tokens=max_tokens, temperature=temperature, seed=seed)
+    async for chunk in engine.generate(tokens, sampling):
         text += chunk.text
         if chunk.tokens:
             stamps.append(time.perf_counter())
@@ -85,6 +87,8 @@ async def main() -> None:
     ap.add_argument("--min-match", type=int, default=NgramSettings.min_match)
     ap.add_argument("--max-match", type=int, default=NgramSettings.max_match)
     ap.add_argument("--threads", type=int, default=0)
+    ap.add_argument("--temperature", type=float, default=0.0,
+                    help="> 0: sampled answers, each prompt seeded (the same seed in both modes)")
     args = ap.parse_args()
     path = served_path(bundled_path(args.model, ROOT / ".redline" / "models"), args.weights)
     model = LlamaModel(str(path))
@@ -112,7 +116,9 @@ async def main() -> None:
                         engine = engines[mode]
                         before = (engine.draft_proposed, engine.draft_accepted)
                         t0 = time.perf_counter()
-                        text, t, n = await one(engine, p, args.max_tokens)
+                        seed = None if args.temperature <= 0 else 1000 * r + group.index(p)
+                        text, t, n = await one(engine, p, args.max_tokens, args.temperature,
+                                               seed)
                         seconds[kind, mode] = seconds.get((kind, mode), 0.0) + \
                             time.perf_counter() - t0
                         texts[mode] = text
@@ -129,7 +135,8 @@ async def main() -> None:
         for engine in engines.values():
             engine.close()
         model.close()
-    print(f"\nsingle stream, greedy, up to {args.max_tokens} tokens ({path.name}, "
+    how = "greedy" if args.temperature <= 0 else f"temperature {args.temperature}, seeded"
+    print(f"\nsingle stream, {how}, up to {args.max_tokens} tokens ({path.name}, "
           f"max_draft {args.max_draft}, match {args.min_match}..{args.max_match}, "
           f"{args.rounds} rounds interleaved)\n")
     print("| answers | TPOT off | TPOT ngram | speed-up | tok/s off | tok/s ngram | "

@@ -86,7 +86,8 @@ class PlacementConfig(_Section):
 
 class SpeculativeConfig(_Section):
     """Speculative decoding on the embedded engine without a draft model: n-gram prompt
-    lookup (engine/speculative.py). Greedy requests only; the text is the same."""
+    lookup (engine/speculative.py). Every request, greedy or sampled: the answer's
+    distribution is unchanged (a seeded one gives the same text)."""
 
     method: Literal["ngram", "off"] = "ngram"
     max_draft: int = Field(4, ge=1, le=64, description="draft tokens per step, at most (the "

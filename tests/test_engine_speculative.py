@@ -110,15 +110,23 @@ def test_greedy_decode_step_carries_the_draft_with_logits_at_each(loop):
 
 
 @pytest.mark.parametrize("sampling", [
-    SamplingParams(max_tokens=32, temperature=0.8),  # sampled: no rejection sampling here
+    SamplingParams(max_tokens=32, temperature=0.8, seed=3),  # sampled: same rule, see speculative.py
     SamplingParams(max_tokens=32, temperature=0.0, logprobs=True),
     SamplingParams(max_tokens=32, temperature=0.0, presence_penalty=0.5),
     SamplingParams(max_tokens=32, temperature=0.0, grammar='root ::= "a"'),
-    SamplingParams(max_tokens=3, temperature=0.0),  # one token left: nothing to draft
 ])
-def test_no_draft_where_it_could_change_the_answer(loop, sampling):
-    s = Scheduler(n_seq_max=2, n_batch=64, drafter=NgramSettings())
+def test_every_kind_of_sequence_drafts(loop, sampling):
+    s = Scheduler(n_seq_max=2, n_batch=64, drafter=NgramSettings(max_draft=3))
     decoding(s, [quoting_seq(loop, sampling)])
+    batch = s.schedule()
+    assert batch.drafts == {0: [5, 6, 7]}
+    assert [e.token for e in batch.entries] == [4, 5, 6, 7]
+
+
+def test_no_draft_past_max_tokens(loop):
+    s = Scheduler(n_seq_max=2, n_batch=64, drafter=NgramSettings())
+    # two tokens out, max_tokens 3: the step's own token is the last one
+    decoding(s, [quoting_seq(loop, SamplingParams(max_tokens=3, temperature=0.0))])
     batch = s.schedule()
     assert batch.drafts == {}
     assert [e.token for e in batch.entries] == [4]
@@ -162,7 +170,7 @@ def model():
     m.close()
 
 
-async def answer(model, question, speculative, max_tokens=64, others=()):
+async def answer(model, question, speculative, max_tokens=64, others=(), sampling=None):
     """The answer's text and (proposed, accepted) draft tokens; `others` decode alongside."""
     from redline.engine.engine import Engine
     from redline.types import Message
@@ -172,7 +180,7 @@ async def answer(model, question, speculative, max_tokens=64, others=()):
 
     engine = Engine(model, n_ctx_per_seq=512, n_seq_max=4, n_batch=256, n_threads=2,
                     speculative=speculative)
-    sampling = SamplingParams(max_tokens=max_tokens, temperature=0.0)
+    sampling = sampling or SamplingParams(max_tokens=max_tokens, temperature=0.0)
 
     async def run(q):
         return "".join([c.text async for c in engine.generate(chat(q), sampling)])
@@ -204,3 +212,35 @@ async def test_drafting_inside_a_batch_keeps_every_stream_the_same(model):
     spec, (proposed, accepted) = await answer(model, TYPOS, settings, 48, others)
     assert spec == plain
     assert accepted > 0
+
+
+@pytest.mark.slow
+async def test_sampled_answers_draft_and_keep_their_seeded_text(model, monkeypatch):
+    """Sampled (temperature 0.8, seeded) and with a presence penalty: drafts are proposed and
+    some accepted; the sampler draws once per emitted token (and once for an end of
+    sequence), as without drafting, so each seed gives the text it gives without drafting."""
+    from redline.engine.sampling import Sampler
+
+    draws = 0
+    sample = Sampler.sample
+
+    def counted(self, ctx, index, logits):
+        nonlocal draws
+        draws += 1
+        return sample(self, ctx, index, logits)
+
+    monkeypatch.setattr(Sampler, "sample", counted)
+    accepted_any = 0
+    for seed in (1, 2, 3):
+        sampling = SamplingParams(max_tokens=48, temperature=0.8, seed=seed,
+                                  presence_penalty=0.2)
+        plain, _ = await answer(model, TYPOS, None, sampling=sampling)
+        plain_draws, draws = draws, 0
+        spec, (proposed, accepted) = await answer(model, TYPOS, NgramSettings(),
+                                                  sampling=sampling)
+        assert spec == plain, seed
+        assert draws == plain_draws, seed
+        draws = 0
+        assert proposed > 0
+        accepted_any += accepted
+    assert accepted_any > 0

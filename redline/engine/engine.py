@@ -11,7 +11,7 @@ free before the next step. A sequence that the scheduler preempts (a tier-S requ
 needed its slot, or nobody reads it) keeps its iterator: its chunks stop for a while
 and go on where they were.
 
-With speculative decoding (engine/speculative.py), a greedy sequence's step may carry
+With speculative decoding (engine/speculative.py), a sequence's step may carry
 draft tokens: `_postprocess` samples at each of them in turn and emits tokens while the
 target agrees with the draft, then hands the rejected rest back to the scheduler.
 """

@@ -37,9 +37,9 @@ until it is known, or with a fixed budget, they all ride. On a CPU a step's cost
 with its streams, so they mostly wait for idle steps; where batching is nearly free (a
 GPU), they all ride.
 
-Speculative decoding (`drafter`, engine/speculative.py): a greedy decoding sequence may
-carry draft tokens after its decode token, each with logits; the engine verifies them and
-calls `verified`, and the rejected ones' cells leave the KV before the next step.
+Speculative decoding (`drafter`, engine/speculative.py): a decoding sequence may carry
+draft tokens after its decode token, each with logits; the engine verifies them and calls
+`verified`, and the rejected ones' cells leave the KV before the next step.
 
 The cells that free slots keep for reuse are bounded (`cache_cells`): past the bound, the
 slot used longest ago is forgotten first, before the next step. Every step attends over
@@ -232,12 +232,10 @@ class Scheduler:
         return max(1, int((limit - used) / max(token_s, 1e-9)))  # it always advances
 
     def _draft(self, seq: Sequence, decoding: int, spare: int) -> list[int]:
-        """Draft tokens for `seq` this step: greedy sequences only (see speculative.py),
-        never past its max_tokens, none while the batch is busy."""
+        """Draft tokens for `seq` this step (any sequence: see speculative.py), never past
+        its max_tokens, none while the batch is busy."""
         s = self.drafter
         if s is None or decoding > s.max_decoding or spare <= 0:
-            return []
-        if not seq.sampler.greedy or seq.sampling.logprobs:
             return []
         if seq.lookup is None:
             seq.lookup = NgramIndex(s)

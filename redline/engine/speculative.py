@@ -11,12 +11,19 @@ token at the first mismatch (or after the last draft token): every step emits at
 the token a plain step would. The rejected positions leave the KV cache before the next
 step.
 
-Only greedy sequences draft (argmax with nothing that edits the logits: no grammar,
-penalties, logit bias, nor logprobs): there, the target's choice at each position is the
-token a plain decode would choose, so the text is the same token for token (within
-llama.cpp's CPU kernels, which are not batch-invariant: a near-tie may flip late as it
-may between a batch of one and of eight). Sampled sequences decode as before; proper
-rejection sampling for them is not done.
+Every sequence may draft, greedy or sampled, with a grammar, penalties, logit bias or
+logprobs. The engine samples position i with the sequence's own sampler (its chain, seed
+and grammar state), from the target's logits after draft[:i]; it keeps going while the
+token drawn equals the draft, and emits the first token that differs. Each emitted token
+is therefore a draw from the target's distribution given the tokens before it, exactly as
+in a plain decode: drafting changes speed, never the distribution. This is speculative
+sampling's rule for a draft that puts all its mass on one token (accept with probability
+p(d), else draw from the rest of p renormalised): drawing t ~ p and accepting when t = d
+is that rule. The sampler takes one draw and one `accept` per emitted token, as without
+drafts, so a seeded request gives the same text token for token, and penalties and the
+grammar see exactly the emitted tokens (within llama.cpp's CPU kernels, which are not
+batch-invariant: a near-tie may flip late as it may between a batch of one and of
+eight).
 
 The lookup is an index, not a scan: each sequence keeps a dict from every n-gram
 (min_match ≤ n ≤ max_match) to the position where its latest occurrence ended, updated
