@@ -69,19 +69,21 @@ async def list_models(request: Request) -> dict[str, Any]:
 # the rest (another content type) and describe the routes in /openapi.json
 @router.post("/v1/chat/completions", response_model=None)
 async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
+    check_text(body)  # Python's JSON parser keeps a lone surrogate: a 400 here, not a 500 later
     return await serve(services_of(request.app), request, body, "chat")
 
 
 @router.post("/v1/completions", response_model=None)
 async def completions(body: CompletionRequest, request: Request) -> Response:
+    check_text(body)
     return await serve(services_of(request.app), request, body, "text")
 
 
 async def serve(services: Services, request: Request,
                 body: ChatCompletionRequest | CompletionRequest, gen_kind: str) -> Response:
     """Answer a completion request whose body has validated (from the hot routes,
-    api/hot.py, or the FastAPI routes above)."""
-    check_text(body)  # a lone surrogate is a 400 here, not a 500 in a tokenizer
+    api/hot.py, or the FastAPI routes above), its text checked: pydantic-core's JSON
+    parser (the hot routes) refuses lone surrogates, the routes above check for them."""
     asked = _request_headers(request.scope)
     gen = body.to_generation(
         parse_tier(asked.get(b"x-redline-tier") or body.tier),

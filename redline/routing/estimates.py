@@ -21,7 +21,7 @@ from __future__ import annotations
 import time
 from collections import deque
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import Protocol, cast, runtime_checkable
 
 import numpy as np
 
@@ -45,8 +45,24 @@ class SharesCores(Protocol):
     def slowdown(self) -> float: ...
 
 
+_IMPLEMENTS: dict[tuple[type, type], bool] = {}
+
+
+def _implements(replica: object, protocol: type) -> bool:
+    """`isinstance` against a runtime-checkable protocol, remembered per class: the
+    protocol's own check walks its members on every call, and the planner asks it for
+    each replica on every request. Backends define these methods on their class."""
+    key = (type(replica), protocol)
+    found = _IMPLEMENTS.get(key)
+    if found is None:
+        found = _IMPLEMENTS[key] = isinstance(replica, protocol)
+    return found
+
+
 def slowdown_of(replica: object) -> float:
-    return replica.slowdown() if isinstance(replica, SharesCores) else 1.0
+    if _implements(replica, SharesCores):
+        return cast(SharesCores, replica).slowdown()
+    return 1.0
 
 
 @runtime_checkable
@@ -58,7 +74,9 @@ class UsesSharedCores(Protocol):
 
 def cores_busy(replica: object) -> float | None:
     """The recent share of the shared cores in use; None for a backend elsewhere."""
-    return replica.cores_busy() if isinstance(replica, UsesSharedCores) else None
+    if _implements(replica, UsesSharedCores):
+        return cast(UsesSharedCores, replica).cores_busy()
+    return None
 
 
 @runtime_checkable
@@ -75,8 +93,9 @@ def own_forecast(replica: object, prompt_tokens: int,
                  tier: str | None) -> tuple[float | None, float | None]:
     """The engine's own (TTFT, TPOT) forecast, alone on the cores; (None, None) for a
     backend that has none."""
-    if isinstance(replica, ForecastsTTFT):
-        return replica.predict_ttft_s(prompt_tokens, tier), replica.predict_tpot_s()
+    if _implements(replica, ForecastsTTFT):
+        engine = cast(ForecastsTTFT, replica)
+        return engine.predict_ttft_s(prompt_tokens, tier), engine.predict_tpot_s()
     return None, None
 
 
