@@ -12,11 +12,11 @@ from fastapi.responses import JSONResponse
 
 from redline.backends.fake import FakeBackend
 from redline.backends.fake_upstream import Dist, UpstreamSpec, create_upstream
-from redline.backends.openai_compat import OpenAICompatBackend, from_config
+from redline.backends.openai_compat import OpenAICompatBackend, _chunk, from_config
 from redline.backends.pool import PoolBackend
 from redline.config import ModelConfig
 from redline.errors import BackendError, InvalidRequest
-from redline.types import GenerationRequest, Message, SamplingParams
+from redline.types import Chunk, GenerationRequest, Message, SamplingParams
 
 
 def chat(n: int = 5, text: str = "hello there") -> GenerationRequest:
@@ -147,3 +147,22 @@ async def test_tier_goes_upstream_as_priority_only_when_configured(live_app: Any
         body = await last_body(up.url)
         assert body.get("priority") == (99 if value is None else value)
     await b.close()
+
+
+@pytest.mark.parametrize(("choice", "want"), [
+    ({"index": 0, "delta": {"content": "hi"}}, Chunk(text="hi", tokens=1)),
+    ({"index": 2, "delta": {"content": "hi"}, "finish_reason": None, "logprobs": None},
+     Chunk(text="hi", tokens=1, index=2)),
+    ({"index": 0, "delta": {"content": ""}}, None),
+    ({"index": 0, "delta": {"role": "assistant", "content": "hi"}}, Chunk(text="hi", tokens=1)),
+    ({"index": 0, "delta": {"content": "hi", "refusal": "no"}},
+     Chunk(text="hi", tokens=1, extra={"refusal": "no"})),
+    ({"index": 0, "delta": {"content": "hi"}, "finish_reason": "length"},
+     Chunk(text="hi", tokens=1, finish_reason="length")),
+    ({"index": 0, "delta": {"content": None}}, None),
+    # a structured-output refusal streams as its own field: passed back, never dropped
+    ({"index": 0, "delta": {"refusal": "I can't"}}, Chunk(tokens=1, extra={"refusal": "I can't"})),
+])
+def test_a_text_delta_alone_is_the_chunk_the_general_path_makes(choice, want):
+    """The relayed token's fast path (a text delta alone) and the general parsing agree."""
+    assert _chunk(choice) == want

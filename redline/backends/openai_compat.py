@@ -193,6 +193,11 @@ def _chunk(choice: dict[str, Any]) -> Chunk | None:
     """One streamed choice as a chunk (None: nothing in it, e.g. the role alone)."""
     delta = choice.get("delta")
     reason = choice.get("finish_reason")
+    if reason is None and choice.get("logprobs") is None and type(delta) is dict \
+            and len(delta) == 1 and type(text := delta.get("content")) is str:
+        # the common relayed token: a text delta alone (what the general path below
+        # would make of it, without its per-field parsing)
+        return Chunk(text=text, tokens=1, index=int(choice.get("index") or 0)) if text else None
     finish = wire.FINISH.get(reason, "stop") if reason else None
     lps = wire.logprobs(choice.get("logprobs"))
     if isinstance(delta, dict):

@@ -27,7 +27,7 @@ FINISH: dict[str, FinishReason] = {"stop": "stop", "length": "length", "eos": "s
                                    "function_call": "function_call", "abort": "cancelled",
                                    "error": "error"}
 # the delta fields a chunk models; any other (non-null) one is passed back in `extra`
-_DELTA_KNOWN = frozenset(("role", "content", "reasoning_content", "tool_calls", "refusal"))
+_DELTA_KNOWN = frozenset(("role", "content", "reasoning_content", "tool_calls"))
 
 
 def _part(p: ContentPart) -> dict[str, Any]:
