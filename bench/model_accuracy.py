@@ -59,8 +59,8 @@ def main() -> None:
     print(f"\nquestion set: {len(ev.questions)} questions, greedy, up to {tokens} tokens\n")
     print("| model | file | accuracy | answered in |")
     print("|---|---|---|---|")
-    for name, file, right, n, seconds in rows:
-        print(f"| {name} | {file} | {right}/{n} = {right / n:.1%} | {seconds:.1f} s |")
+    for name, file, n_right, n, seconds in rows:
+        print(f"| {name} | {file} | {n_right}/{n} = {n_right / n:.1%} | {seconds:.1f} s |")
 
 
 if __name__ == "__main__":
