@@ -247,3 +247,18 @@ async def test_the_backend_gets_the_tier_it_is_served_in(two: dict[str, FakeBack
     plan = r.plan(asked)
     assert asked.tier is None and plan.tier == "S" and plan.request.tier == "S"
     assert plan.request.presence is asked.presence and plan.request.id == asked.id
+
+
+def test_a_list_of_prompts_is_routed_by_its_longest_and_planned_for_all() -> None:
+    """A text completion with several prompts goes to one model: the longest prompt is
+    what the difficulty classifier reads, and the planner counts every prompt's prefill."""
+    from redline.routing.router import _last_user_text, _prompt_tokens
+
+    long = "Explain, step by step, how a compiler turns source code into machine code. " * 4
+    several = GenerationRequest(model="auto", sampling=SamplingParams(max_tokens=8),
+                                prompt="hi", prompts=("hi", long, "ok"))
+    one = GenerationRequest(model="auto", sampling=SamplingParams(max_tokens=8), prompt="hi")
+    assert _last_user_text(several) == long
+    assert _last_user_text(one) == "hi"
+    assert _prompt_tokens(several) == (len(long) + 4) // 4
+    assert _prompt_tokens(one) == 1

@@ -474,12 +474,15 @@ def _last_user_text(request: GenerationRequest) -> str:
             if m.role == "user":
                 return m.content
         return request.messages[-1].content
-    return request.prompt or ""
+    # a list of prompts goes to one model: the longest one speaks for them
+    return max(request.prompts, key=len) if request.prompts else request.prompt or ""
 
 
 def _prompt_tokens(request: GenerationRequest) -> int:
-    """A tokenizer-free estimate (≈4 characters a token) for the planner."""
-    n = len(request.prompt or "") + sum(len(m.content) for m in request.messages or ())
+    """A tokenizer-free estimate (≈4 characters a token) for the planner: every prompt of
+    a list is prefilled."""
+    prompts = request.prompts or (request.prompt or "",)
+    n = sum(len(p) for p in prompts) + sum(len(m.content) for m in request.messages or ())
     return max(1, n // 4)
 
 
