@@ -1,6 +1,7 @@
-"""Fifty (prompt, JSON Schema) pairs of varied shapes for the embedded engine's structured
-outputs: nested objects, arrays with maxItems, enums, required and optional fields,
-numbers, integers with bounds, booleans, strings with maxLength and formats, anyOf,
+"""Fifty-seven (prompt, JSON Schema) pairs of varied shapes for the embedded engine's
+structured outputs: nested objects, arrays with maxItems, enums, required and optional
+fields, numbers, integers and numbers with bounds (decimal, exclusive, one-sided,
+negative), booleans, strings with maxLength and formats, anyOf,
 $defs/$ref, nullable types, const, tuples (prefixItems), and open objects."""
 
 from __future__ import annotations
@@ -108,6 +109,21 @@ SCHEMAS: list[tuple[str, dict[str, Any]]] = [
     ("Give a person with hobbies.", obj({"name": s(16), "hobbies": {
         "type": "array", "maxItems": 2, "items": obj({"hobby": s(16), "years": {
             "type": "integer", "minimum": 0, "maximum": 50}})}})),
+    # numeric bounds beyond a small integer range: decimal, exclusive, one-sided, negative
+    ("Give the price of a book.", obj({"title": s(), "price": {
+        "type": "number", "minimum": 0.5, "maximum": 99.95}})),
+    ("Give a probability.", obj({"p": {"type": "number", "exclusiveMinimum": 0,
+                                       "exclusiveMaximum": 1}})),
+    ("Give a count of visitors.", obj({"visitors": {"type": "integer", "minimum": 1}})),
+    ("Give a winter temperature in Celsius.", obj({"temp_c": {
+        "type": "number", "minimum": -40.5, "exclusiveMaximum": -2.5}})),
+    ("Give a depth below sea level in metres.", obj({"depth": {"type": "integer",
+                                                               "maximum": -3}})),
+    ("Give a GPS position.", obj({"lat": {"type": "number", "minimum": -90, "maximum": 90},
+                                  "lon": {"type": "number", "exclusiveMinimum": -180,
+                                          "maximum": 180}})),
+    ("Give a rating with halves.", obj({"rating": {"type": ["number", "null"],
+                                                   "minimum": 0.5, "maximum": 5}})),
 ]
 
-assert len(SCHEMAS) == 50
+assert len(SCHEMAS) >= 50

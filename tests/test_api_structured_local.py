@@ -161,11 +161,12 @@ def _ban(token: str) -> dict[str, int]:
 
 @pytest.mark.parametrize(("extra", "param"), [
     ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {
-        "type": "object", "properties": {"a": {"type": "number", "minimum": 0}}}}}},
+        "type": "object", "properties": {"a": {"type": "number", "minimum": 9.75,
+                                               "maximum": 0.5}}}}}},
      "response_format"),
     ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {
-        "type": "object", "properties": {"a": {"type": "number", "minimum": 0.5,
-                                               "exclusiveMaximum": 9.75}}}}}},
+        "type": "object", "properties": {"a": {"type": "integer", "minimum": 0,
+                                               "multipleOf": 5}}}}}},
      "response_format"),
     ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {
         "type": "object", "properties": {"a": {"type": "string", "format": "email"}}}}}],

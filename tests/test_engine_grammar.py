@@ -19,16 +19,24 @@ TIME = FunctionTool("get_time", None, None)
 
 @pytest.mark.parametrize(("schema", "names"), [
     ({"type": "object", "patternProperties": {"^a": {}}}, "patternProperties"),
-    ({"type": "number", "minimum": 0}, "integers only"),
-    ({"type": "number", "minimum": 0.5, "exclusiveMaximum": 2.25},
-     "`minimum`, `exclusiveMaximum` on a `number`"),
-    ({"type": "object", "properties": {"p": {"type": ["number", "null"],
-                                             "exclusiveMinimum": -1.5}}},
-     "`exclusiveMinimum` on a `number` value (at `/properties/p/type/number`)"),
-    ({"maximum": 0.75}, "`maximum` on an untyped value"),
-    ({"type": "integer", "enum": [1, 2], "minimum": 1.5}, "`minimum` on a `integer`"),
-    ({"type": "integer", "minimum": 0}, "both ends"),
-    ({"type": "integer", "minimum": 0, "maximum": 10**6}, "at most"),
+    ({"type": "integer", "minimum": 5, "maximum": 3},
+     "admit no value: the lower bound 5 is not below the upper bound 3"),
+    ({"type": "object", "properties": {"p": {"type": ["number", "null"], "minimum": 2.5,
+                                             "exclusiveMaximum": 2.5}}},
+     "lower bound 2.5 is not below the upper bound 2.5 (at `/properties/p/type/number`)"),
+    ({"type": "integer", "exclusiveMinimum": 1, "exclusiveMaximum": 2}, "admit no integer"),
+    ({"type": "number", "exclusiveMinimum": 0, "maximum": 1e-15},
+     "admit no number of at most 15 digits"),
+    ({"type": "number", "minimum": "0"}, "`minimum` must be a finite number"),
+    ({"type": "integer", "maximum": True}, "`maximum` must be a finite number"),
+    ({"type": "number", "maximum": [1]}, "`maximum` must be a finite number"),
+    ({"type": "integer", "enum": [1, 2], "minimum": 2.5}, "admit no value of the enum"),
+    ({"const": -1, "exclusiveMinimum": -1}, "admit no value of the const"),
+    ({"anyOf": [{"type": "number"}], "minimum": 0}, "`minimum` together with `anyOf`"),
+    ({"$defs": {"n": {"type": "number"}}, "$ref": "#/$defs/n", "maximum": 1},
+     "`maximum` together with `$ref`"),
+    ({"type": "integer", "minimum": 0, "multipleOf": 5}, "multipleOf"),
+    ({"type": "number", "multipleOf": 0.5}, "multipleOf"),
     ({"type": "string", "format": "email"}, "email"),
     ({"type": "string", "pattern": "a+"}, "anchored"),
     ({"type": "string", "pattern": "^a+$", "maxLength": 3}, "maxLength"),
@@ -44,18 +52,47 @@ def test_what_the_grammar_cannot_enforce_is_refused(schema: dict[str, Any], name
     assert err.value.param == "response_format" and names in str(err.value)
 
 
-def test_integer_bounds_become_the_values_between_them() -> None:
+def test_bounds_become_the_numerals_in_range_wherever_the_number_is() -> None:
     gbnf = schema_grammar({"type": "integer", "minimum": 2, "exclusiveMaximum": 5}, "r")
-    assert 'root ::= "2" | "3" | "4"' in gbnf
-    nullable = schema_grammar({"type": ["integer", "null"], "minimum": 1, "maximum": 2}, "r")
-    assert '"1" | "2"' in nullable and '"null"' in nullable
+    assert "root ::= [2-4] space\n" in gbnf
+    # one-sided, negative, decimal; in properties, list types, arrays, $defs
+    nested = schema_grammar({
+        "type": "object", "$defs": {"neg": {"type": "integer", "maximum": -3}},
+        "properties": {
+            "a": {"type": ["integer", "null"], "minimum": 1},
+            "b": {"$ref": "#/$defs/neg"},
+            "c": {"type": "array", "items": {"type": "number", "minimum": 0.5,
+                                             "maximum": 99.95}}}}, "r")
+    assert 'a-0 ::= [1-9] [0-9]{0,14} space\n' in nested and '"null"' in nested
+    assert 'neg ::= "-" ( [3-9] | [1-9] [0-9]{1,14} ) space\n' in nested
+    assert 'c-item ::= ( "0." [5-9] [0-9]{0,13} | [1-9] ( "." [0-9]{1,14} )? |' in nested
+    assert '"5" "0"{0,11} )? ) )? ) ) space\n' in nested
     # decimal bounds on an integer round inwards: 1.5 < x <= 3.5 is 2 or 3
-    decimal = schema_grammar({"type": "integer", "exclusiveMinimum": 1.5, "maximum": 3.5}, "r")
-    assert 'root ::= "2" | "3"\n' in decimal
-    assert 'root ::= "-1" | "0"\n' in schema_grammar(
+    assert "root ::= [2-3] space\n" in schema_grammar(
+        {"type": "integer", "exclusiveMinimum": 1.5, "maximum": 3.5}, "r")
+    assert 'root ::= ( "-1" | "0" ) space\n' in schema_grammar(
         {"type": "integer", "minimum": -1.25, "exclusiveMaximum": 0.5}, "r")
+    # the tighter of the inclusive and exclusive bound; an untyped schema is a number
+    assert "root ::= [1-3] space\n" in schema_grammar(
+        {"type": "integer", "minimum": 0, "exclusiveMinimum": 0, "maximum": 3,
+         "exclusiveMaximum": 9}, "r")
+    assert schema_grammar({"maximum": 0.75}, "r") == schema_grammar(
+        {"type": "number", "maximum": 0.75}, "r")
+    # bounds constrain numbers only: on a string, or beside properties, they change nothing
+    assert schema_grammar({"type": "string", "minimum": 3}, "r") == schema_grammar(
+        {"type": "string"}, "r")
+    assert schema_grammar({"properties": {"a": {"type": "string"}}, "maximum": 1}, "r") == \
+        schema_grammar({"properties": {"a": {"type": "string"}}}, "r")
     # a string's maxLength survives a list type (the converter alone would drop it)
     assert "char)?)?" in schema_grammar({"type": ["string", "null"], "maxLength": 3}, "r")
+
+
+def test_bounds_beside_an_enum_or_const_filter_it() -> None:
+    assert 'root ::= "2" | "\\"a\\""\n' in schema_grammar(
+        {"enum": [1, 2, "a", 5, 1.25], "minimum": 1.5, "exclusiveMaximum": 5}, "r")
+    assert 'root ::= "-0.5"\n' in schema_grammar({"const": -0.5, "maximum": 0}, "r")
+    assert 'root ::= "2.5" | "3"\n' in schema_grammar(
+        {"type": "number", "enum": [2.5, 3, 4], "exclusiveMinimum": 2, "maximum": 3.0}, "r")
 
 
 def test_json_strings_admit_no_raw_control_characters() -> None:

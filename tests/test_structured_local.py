@@ -1,6 +1,6 @@
-"""Structured outputs on the embedded engine (the real SmolLM2): fifty schemas of varied
-shapes at temperature 0.7; every answer that stops parses and validates with `jsonschema`,
-and at least 95 % of them stop within max_tokens."""
+"""Structured outputs on the embedded engine (the real SmolLM2): fifty-odd schemas of varied
+shapes (numeric bounds among them) at temperature 0.7; every answer that stops parses and
+validates with `jsonschema`, and at least 95 % of them stop within max_tokens."""
 
 from __future__ import annotations
 

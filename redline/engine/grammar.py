@@ -5,10 +5,14 @@ module decides first which schemas it can enforce. Its converter ignores number 
 `assert`s on what it does not know, so a keyword outside `_ENFORCED` (or a pattern it
 cannot parse) is a 400 naming the request field, never a silently unconstrained answer.
 
-It is extended for integer bounds: an integer with `minimum`/`maximum` (or the exclusive
-forms, decimal bounds rounded inwards) spanning at most `_MAX_INT_RANGE` values becomes the
-enum of those values. Bounds on a `number` (or beside `enum`/`const`) are refused with a 400
-naming the keyword.
+It is extended for numeric bounds: `minimum`, `maximum`, `exclusiveMinimum` and
+`exclusiveMaximum` on an `integer` or a `number` (or an untyped schema alone, read as a
+number), one-sided or two, decimal or not, become a rule for exactly the numerals in range
+(`numerals.py`: plain decimals, at most 15 digits, no exponent; an integer has no fraction).
+Beside `enum`/`const` they filter the values instead. Refused with a 400: bounds that are
+not finite numbers, bounds that admit no value (a minimum above the maximum, an enum or
+const wholly outside), and bounds beside `anyOf`/`oneOf`/`$ref` (the converter would drop
+them). `multipleOf` stays refused, as every keyword outside `_ENFORCED`.
 """
 
 from __future__ import annotations
@@ -16,10 +20,14 @@ from __future__ import annotations
 import functools
 import json
 import math
+from decimal import Decimal
+from fractions import Fraction
 from typing import Any
 
 from llama_cpp import llama_grammar
 
+from redline.engine import numerals
+from redline.engine.numerals import Bound
 from redline.errors import InvalidRequest
 
 # a JSON object and nothing around it; whitespace is at most one space (an unbounded
@@ -44,7 +52,9 @@ _ENFORCED = frozenset({"type", "properties", "required", "additionalProperties",
 _FORMATS = frozenset({"date", "time", "date-time", "uuid"})
 _TYPES = frozenset({"object", "array", "string", "number", "integer", "boolean", "null"})
 _BOUNDS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")
-_MAX_INT_RANGE = 1000
+# where a lowered schema carries its range (a numerals tree, never JSON: no request can
+# hold it, and `_lowered` refuses the key itself as an unknown keyword)
+_NUMERALS = "x-redline-numerals"
 
 
 def schema_grammar(schema: dict[str, Any], param: str) -> str:
@@ -73,9 +83,25 @@ _JSON_CHAR = r'char ::= [^"\\\x7F\x00-\x1F] |'
 
 
 def converter() -> Any:
-    """A fresh llama-cpp-python SchemaConverter (untyped: Any here)."""
-    make: Any = llama_grammar.SchemaConverter
+    """A fresh llama-cpp-python SchemaConverter that knows numeric ranges (untyped: Any)."""
+    make: Any = _Converter
     return make(prop_order={}, allow_fetch=False, dotall=False, raw_pattern=False)
+
+
+class _Converter(llama_grammar.SchemaConverter):
+    """The converter, taught the ranges `_lowered` leaves: it visits properties, items,
+    alternatives and $refs through `visit`, so a range anywhere becomes its rule."""
+
+    def visit(self, schema: Any, name: str) -> Any:
+        base: Any = super()  # the converter's methods carry no types
+        node = schema.get(_NUMERALS) if isinstance(schema, dict) else None
+        if node is None:
+            return base.visit(schema, name)
+        # named as the converter names a primitive's rule
+        rule = name + "-" if name in llama_grammar.RESERVED_NAMES else name or "root"
+        body = numerals.gbnf(node)
+        return base._add_rule(rule, f"( {body} ) space" if isinstance(node, numerals.Alt)
+                              else f"{body} space")
 
 
 def visit(conv: Any, schema: Any, name: str, param: str) -> str:
@@ -91,7 +117,7 @@ def visit(conv: Any, schema: Any, name: str, param: str) -> str:
 
 
 def _lowered(schema: Any, param: str, where: str) -> Any:
-    """`schema` checked keyword by keyword, integer bounds turned into enums."""
+    """`schema` checked keyword by keyword, numeric bounds turned into ranges."""
     if isinstance(schema, bool):
         if schema:
             return {}
@@ -130,7 +156,7 @@ def _lowered(schema: Any, param: str, where: str) -> Any:
                              f"embedded engine{_at(where)}.", param=param)
     bounds = {k: schema[k] for k in _BOUNDS if k in schema}
     if bounds:
-        out = _integer_enum(out, bounds, param, where)
+        out = _bounded(out, bounds, param, where)
     for key in ("properties", "$defs", "definitions"):
         if isinstance(out.get(key), dict):
             out[key] = {k: _lowered(v, param, f"{where}/{key}/{k}") for k, v in out[key].items()}
@@ -179,30 +205,81 @@ def _check_combination(out: dict[str, Any], param: str, where: str) -> None:
                                  f"together with `{both[0]}`{_at(where)}.", param=param)
 
 
-def _integer_enum(out: dict[str, Any], bounds: dict[str, Any], param: str,
-                  where: str) -> dict[str, Any]:
-    if out.get("type") != "integer" or "enum" in out or "const" in out:
-        # a decimal range has no finite enum: refused, never an unbounded number
-        keys = ", ".join(f"`{k}`" for k in bounds)
-        what = f"a `{out['type']}`" if out.get("type") else "an untyped"
-        raise InvalidRequest(f"'{param}': the embedded engine enforces `minimum`/`maximum` on "
-                             f"integers only, not {keys} on {what} value{_at(where)}.",
-                             param=param)
-    low = bounds.get("minimum", -math.inf)
-    if "exclusiveMinimum" in bounds:
-        low = max(low, math.floor(bounds["exclusiveMinimum"]) + 1)
-    high = bounds.get("maximum", math.inf)
-    if "exclusiveMaximum" in bounds:
-        high = min(high, math.ceil(bounds["exclusiveMaximum"]) - 1)
-    if not (math.isfinite(low) and math.isfinite(high)) or high - low >= _MAX_INT_RANGE:
-        raise InvalidRequest(f"'{param}': the embedded engine enforces integer bounds with "
-                             f"both ends and at most {_MAX_INT_RANGE} values{_at(where)}.",
-                             param=param)
-    values = list(range(math.ceil(low), math.floor(high) + 1))
-    if not values:
-        raise InvalidRequest(f"'{param}': the integer bounds admit no value{_at(where)}.",
-                             param=param)
-    return {k: v for k, v in out.items() if k != "type"} | {"enum": values}
+def _bounded(out: dict[str, Any], bounds: dict[str, Any], param: str,
+             where: str) -> dict[str, Any]:
+    """`out` with its bounds enforced: its enum or const filtered, or its numbers made
+    the range's numerals."""
+    low, high = _range(bounds, param, where)
+    first = next(iter(bounds))
+    if beside := [k for k in ("anyOf", "oneOf", "$ref") if k in out]:
+        raise InvalidRequest(f"'{param}': the embedded engine cannot enforce `{first}` "
+                             f"together with `{beside[0]}`{_at(where)}.", param=param)
+    if "enum" in out or "const" in out:
+        values = out["enum"] if "enum" in out else [out["const"]]
+        if not isinstance(values, list):
+            return out  # not a schema the API's check passes; the converter decides
+        kept = [v for v in values if _inside(v, low, high)]
+        if not kept:
+            raise InvalidRequest(f"'{param}': the bounds admit no value of the "
+                                 f"{'enum' if 'enum' in out else 'const'}{_at(where)}.",
+                                 param=param)
+        return out | ({"enum": kept} if "enum" in out else {})
+    kind = out.get("type")
+    defs = {k: v for k, v in out.items() if k in ("$defs", "definitions")}
+    if kind not in ("number", "integer", None) or (kind is None and len(out) > len(defs)):
+        return out  # the converter writes no number here: the bounds constrain nothing
+    node = numerals.numerals(low, high, integer=kind == "integer")
+    if node is None:
+        raise InvalidRequest(f"'{param}': the bounds admit no {kind or 'number'} of at most "
+                             f"{numerals.DIGITS} digits{_at(where)}.", param=param)
+    return defs | {"type": kind or "number", _NUMERALS: node}
+
+
+def _range(bounds: dict[str, Any], param: str, where: str) -> tuple[Bound | None, Bound | None]:
+    """The lower and upper bound, each the tighter of its inclusive and exclusive form."""
+    exact: dict[str, Fraction] = {}
+    for key, value in bounds.items():
+        if isinstance(value, bool) or not isinstance(value, int | float) or (
+                isinstance(value, float) and not math.isfinite(value)):
+            raise InvalidRequest(f"'{param}': `{key}` must be a finite number{_at(where)}.",
+                                 param=param)
+        exact[key] = _exact(value)
+    lows = [Bound(exact[k], k == "minimum") for k in ("minimum", "exclusiveMinimum")
+            if k in exact]
+    highs = [Bound(exact[k], k == "maximum") for k in ("maximum", "exclusiveMaximum")
+             if k in exact]
+    # the tighter end; at a tie, the exclusive one
+    low = max(lows, key=lambda b: (b.value, not b.inclusive), default=None)
+    high = min(highs, key=lambda b: (b.value, b.inclusive), default=None)
+    if low is not None and high is not None and (
+            low.value > high.value
+            or (low.value == high.value and not (low.inclusive and high.inclusive))):
+        raise InvalidRequest(f"'{param}': the bounds admit no value: the lower bound "
+                             f"{_shown(low.value)} is not below the upper bound "
+                             f"{_shown(high.value)}{_at(where)}.", param=param)
+    return low, high
+
+
+def _inside(value: Any, low: Bound | None, high: Bound | None) -> bool:
+    """Whether `value` keeps to the bounds (any non-number does: bounds are for numbers)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return True
+    if isinstance(value, float) and not math.isfinite(value):
+        return False
+    v = _exact(value)
+    return ((low is None or v > low.value or (v == low.value and low.inclusive))
+            and (high is None or v < high.value or (v == high.value and high.inclusive)))
+
+
+def _exact(value: int | float) -> Fraction:
+    """A JSON number's exact value: a float as the decimal that was written (its shortest
+    repr), not its binary expansion."""
+    return Fraction(value) if isinstance(value, int) else Fraction(Decimal(repr(value)))
+
+
+def _shown(value: Fraction) -> str:
+    return str(value.numerator) if value.denominator == 1 else str(Decimal(value.numerator)
+                                                                   / value.denominator)
 
 
 def _at(where: str) -> str:
