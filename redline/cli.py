@@ -179,6 +179,7 @@ def _eval_cache_args(p: argparse.ArgumentParser) -> None:
 @command("eval-cache", "precision, recall and wrong-hit rate of semantic hits on labelled pairs")(
     _eval_cache_args)
 def eval_cache(args: argparse.Namespace) -> int:
+    from redline.cache.confirm import load_model as load_confirm_model
     from redline.cache.embedder import load_minilm
     from redline.cache.evaluate import TEST_PAIRS, TUNE_PAIRS, load_pairs, report, similarities, split_report
 
@@ -186,23 +187,31 @@ def eval_cache(args: argparse.Namespace) -> int:
     if args.threshold is not None:
         cfg = cfg.model_copy(update={"similarity_threshold": args.threshold})
     embedder = load_minilm(cfg.embedder_path, 0)  # no engine in this process
+    strong = load_confirm_model(cfg, 0)
     if args.choose is not None:
-        from redline.cache.evaluate import choose_threshold
+        from redline.cache.evaluate import choose_confirm, choose_threshold
 
         t, s = choose_threshold(cfg, embedder, args.choose)
         print(f"threshold {t:.2f}: tuning part precision {s.precision:.3f}, recall {s.recall:.3f}"
               f" ({s.hits} hits); set cache.similarity_threshold: {t:.2f}")
+        if strong is not None:
+            cfg = cfg.model_copy(update={"similarity_threshold": t})
+            floor, bar, s = choose_confirm(cfg, embedder, strong, args.choose)
+            print(f"borderline check from {floor:.2f}, confirmed at {bar:.2f}: tuning part "
+                  f"precision {s.precision:.3f}, recall {s.recall:.3f} ({s.hits} hits); set "
+                  f"cache.confirm_floor: {floor:.2f}, cache.confirm_threshold: {bar:.2f}")
         return 0
     if args.pairs:
         pairs = load_pairs(args.pairs)
-        print(report(pairs, similarities(pairs, embedder), cfg, sweep=args.sweep))
+        print(report(pairs, similarities(pairs, embedder, strong), cfg, sweep=args.sweep))
         return 0
     tune = [p for path in TUNE_PAIRS for p in load_pairs(path)]
     test = load_pairs(TEST_PAIRS)
-    print(split_report(tune, similarities(tune, embedder), test, similarities(test, embedder), cfg))
+    tune_sims = similarities(tune, embedder, strong)
+    print(split_report(tune, tune_sims, test, similarities(test, embedder, strong), cfg))
     if args.sweep:
         print("\nsweep, tuning part only (thresholds are chosen here, never on the test part):")
-        print(report(tune, similarities(tune, embedder), cfg, sweep=True))
+        print(report(tune, tune_sims, cfg, sweep=True))
     return 0
 
 

@@ -448,6 +448,21 @@ class CacheConfig(_Section):
     cache_sampled: bool = Field(False, description="also cache requests with temperature > 0")
     embedder_path: str | None = Field(None, description="sentence-transformers model dir; "
                                       "None: the bundled all-MiniLM-L6-v2")
+    # the borderline check (cache/confirm.py): a second, stronger embedder for candidates
+    # between confirm_floor and similarity_threshold
+    confirm: bool = Field(True, description="serve a borderline candidate when a stronger "
+                          "embedder confirms it (without that model: off, and logged)")
+    confirm_floor: float = Field(0.47, ge=0.0, le=1.0,
+                                 description="MiniLM similarity from which a candidate is "
+                                 "checked by the stronger embedder (0.47: `redline eval-cache "
+                                 "--choose 1.0`, the highest floor with the most recall at no "
+                                 "wrong hit on the tuning part)")
+    confirm_threshold: float = Field(0.71, ge=0.0, le=1.0,
+                                     description="the stronger embedder's similarity a "
+                                     "borderline candidate needs (0.71: `redline eval-cache "
+                                     "--choose 1.0`, no wrong hit on the tuning part)")
+    confirm_path: str | None = Field(None, description="sentence-transformers model dir for the "
+                                     "check; None: the bundled all-mpnet-base-v2")
     # the error budget (cache/verify.py): checked on live traffic, kept by the threshold
     max_wrong_hit_rate: float = Field(0.02, gt=0.0, le=1.0,
                                       description="share of semantic hits allowed to serve the "

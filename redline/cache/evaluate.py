@@ -8,7 +8,7 @@ PAIRS.tsv, tab-separated, no quoting, one of:
 - no header, rows `label<TAB>question_a<TAB>question_b` (kind `-`).
 label `same` (one answer fits both) or `diff` (a near miss: another number, name, time...).
 Question A plays the cached question and B the new one; a pair is a semantic hit when
-`accepts()` (threshold + guard, exactly as served) lets B take A's answer.
+`accepts()` (threshold, borderline check, guard: exactly as served) lets B take A's answer.
 
 precision = right hits / hits; recall = right hits / `same` pairs;
 wrong-hit rate = wrong hits / hits (GPTCache's "wrong answer on x% of hits").
@@ -23,6 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
+from redline.cache import guard
 from redline.cache.embedder import Embedder
 from redline.cache.response_cache import accepts
 from redline.config import CacheConfig
@@ -85,18 +86,37 @@ def load_pairs(path: str | Path) -> list[Pair]:
     return pairs
 
 
-def similarities(pairs: list[Pair], embedder: Embedder) -> np.ndarray:
-    """Cosine similarity of each pair, [len(pairs)]."""
+def _cosines(pairs: list[Pair], embedder: Embedder) -> np.ndarray:
     texts = sorted({q for p in pairs for q in (p.a, p.b)})
     vectors = dict(zip(texts, embedder.encode(texts), strict=True))
     return np.array([float(vectors[p.a] @ vectors[p.b]) for p in pairs])
 
 
+def similarities(pairs: list[Pair], embedder: Embedder,
+                 confirm: Embedder | None = None) -> np.ndarray:
+    """[len(pairs), 2]: each pair's cosine in the search embedder, and in the borderline
+    check's embedder (NaN without one: the check is then never passed, as served)."""
+    out = np.full((len(pairs), 2), np.nan)
+    out[:, 0] = _cosines(pairs, embedder)
+    if confirm is not None:
+        out[:, 1] = _cosines(pairs, confirm)
+    return out
+
+
+def _columns(sims: np.ndarray) -> np.ndarray:
+    """Accept a plain [n] vector of search similarities too."""
+    sims = np.asarray(sims, dtype=float)
+    if sims.ndim == 1:
+        sims = np.stack([sims, np.full_like(sims, np.nan)], axis=1)
+    return sims
+
+
 def score(pairs: list[Pair], sims: np.ndarray, cfg: CacheConfig) -> Scores:
     hits = right = 0
     wrong: Counter[str] = Counter()
-    for pair, sim in zip(pairs, sims, strict=True):
-        if accepts(cfg, pair.b, pair.a, float(sim)):
+    for pair, (sim, strong) in zip(pairs, _columns(sims), strict=True):
+        confirmed = None if np.isnan(strong) else float(strong)
+        if accepts(cfg, pair.b, pair.a, float(sim), confirmed):
             hits += 1
             if pair.same:
                 right += 1
@@ -127,18 +147,27 @@ def report(pairs: list[Pair], sims: np.ndarray, cfg: CacheConfig, sweep: bool = 
 def split_report(tune: list[Pair], tune_sims: np.ndarray, test: list[Pair], test_sims: np.ndarray,
                  cfg: CacheConfig, thresholds: Sequence[float] = (0.6, 0.8)) -> str:
     """The tuning part's and the test part's figures side by side: the configured settings,
-    two other thresholds, and the configured threshold with the guard off."""
+    two other thresholds, and the configured settings with the borderline check, then the
+    guard, switched."""
     lines = [f"tuning part: {len(tune)} pairs ({sum(p.same for p in tune)} same); "
              f"test part: {len(test)} pairs ({sum(p.same for p in test)} same)",
-             f"{'threshold':>9} {'guard':>5} | {'tune: precision':>15} {'recall':>6} {'hits':>4} | "
+             f"{'threshold':>9} {'guard':>5} {'confirm':>7} | "
+             f"{'tune: precision':>15} {'recall':>6} {'hits':>4} | "
              f"{'TEST: precision':>15} {'recall':>6} {'hits':>4}  test wrong hits by kind"]
     rows = [cfg] + [cfg.model_copy(update={"similarity_threshold": t}) for t in thresholds
                     if abs(t - cfg.similarity_threshold) > 1e-9]
+    rows.append(cfg.model_copy(update={"confirm": not cfg.confirm}))
     rows.append(cfg.model_copy(update={"guard": not cfg.guard}))
+    checked = not np.isnan(_columns(tune_sims)[:, 1]).all()
+    if cfg.confirm:
+        lines.insert(0, f"borderline check: {cfg.confirm_floor:.2f} <= similarity < threshold, "
+                     f"confirmed at {cfg.confirm_threshold:.2f}"
+                     + ("" if checked else " (its model is not loaded: never passed)"))
     for i, c in enumerate(rows):
         a, b = score(tune, tune_sims, c), score(test, test_sims, c)
         mark = "  <- configured" if i == 0 else ""
-        lines.append(f"{c.similarity_threshold:>9.2f} {'on' if c.guard else 'off':>5} | "
+        lines.append(f"{c.similarity_threshold:>9.2f} {'on' if c.guard else 'off':>5} "
+                     f"{'on' if c.confirm else 'off':>7} | "
                      f"{a.precision:>15.3f} {a.recall:>6.3f} {a.hits:>4} | "
                      f"{b.precision:>15.3f} {b.recall:>6.3f} {b.hits:>4}  {b.wrong_by_kind or '-'}{mark}")
     return "\n".join(lines)
@@ -158,3 +187,33 @@ def choose_threshold(cfg: CacheConfig, embedder: Embedder, min_precision: float 
     if best is None:
         raise ValueError(f"no threshold reaches precision {min_precision} on the tuning part")
     return best
+
+
+def choose_confirm(cfg: CacheConfig, embedder: Embedder, confirm: Embedder,
+                   min_precision: float = 0.98,
+                   tune_files: Sequence[Path] = TUNE_PAIRS) -> tuple[float, float, Scores]:
+    """The tuning step of the borderline check, at the configured similarity threshold:
+    the (confirm_floor, confirm_threshold) with the most recall at precision >=
+    `min_precision` on the tuning part; among equals the highest floor (the fewest second
+    embeddings), then the highest confirm threshold (the widest margin). Reads the tuning
+    files only."""
+    pairs = [p for path in tune_files for p in load_pairs(path)]
+    sims = similarities(pairs, embedder, confirm)
+    same = np.array([p.same for p in pairs])
+    allowed = np.array([not cfg.guard or guard.allows(p.b, p.a, float(s))
+                        for p, s in zip(pairs, sims[:, 0], strict=True)])
+    fast = allowed & (sims[:, 0] >= cfg.similarity_threshold)
+    best: tuple[tuple[float, float, float], float, float] | None = None
+    for floor in np.arange(0.30, cfg.similarity_threshold + 1e-9, 0.01):
+        for bar in np.arange(0.50, 0.951, 0.01):
+            hit = fast | (allowed & (sims[:, 0] >= floor) & (sims[:, 1] >= bar))
+            n, right = int(hit.sum()), int((hit & same).sum())
+            if n and right / n >= min_precision:
+                rank = (right / max(1, int(same.sum())), floor, bar)
+                if best is None or rank > best[0]:
+                    best = (rank, round(float(floor), 2), round(float(bar), 2))
+    if best is None:
+        raise ValueError(f"no borderline check reaches precision {min_precision} on the tuning part")
+    _, floor, bar = best
+    chosen = cfg.model_copy(update={"confirm": True, "confirm_floor": floor, "confirm_threshold": bar})
+    return floor, bar, score(pairs, sims, chosen)

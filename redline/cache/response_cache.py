@@ -6,7 +6,9 @@
 Exact: one store `get` by a hash of everything that shapes the answer (see keys.py).
 Semantic (chat only): embed the last user message off the event loop, search the
 partition's vectors (index.py), then serve the best candidate over the threshold that
-the near-miss guard (guard.py) lets through. Store failures fail open (a miss).
+the near-miss guard (guard.py) lets through; a candidate a little under it (from
+`confirm_floor`) is served only when a stronger embedder confirms it (confirm.py).
+Store failures fail open (a miss).
 With backends given, the error budget (verify.py) checks a sample of semantic hits on
 live traffic and moves the threshold (never below the configured one) and per-entry bars.
 
@@ -33,6 +35,8 @@ from cachetools import TTLCache
 from prometheus_client import Histogram
 
 from redline.cache import guard
+from redline.cache.confirm import Confirmer
+from redline.cache.confirm import load_model as load_confirm_model
 from redline.cache.embedder import Embedder, load_minilm
 from redline.cache.index import SemanticIndex
 from redline.cache.keys import CacheKeys, cache_keys
@@ -97,25 +101,40 @@ class Lookup:
     similarity: float | None = None
 
 
-def accepts(cfg: CacheConfig, question: str, candidate: str, similarity: float) -> bool:
-    """The one rule for a semantic hit (`redline eval-cache` measures exactly this)."""
-    if similarity < cfg.similarity_threshold:
+def accepts(cfg: CacheConfig, question: str, candidate: str, similarity: float,
+            confirmed: float | None = None) -> bool:
+    """The one rule for a semantic hit (`redline eval-cache` measures exactly this).
+    `similarity`: the search embedder's cosine; `confirmed`: the stronger embedder's, for a
+    borderline candidate (None: not checked, as without the second model)."""
+    if similarity < cfg.similarity_threshold and not (
+            borderline(cfg, similarity) and confirmed is not None
+            and confirmed >= cfg.confirm_threshold):
         return False
     return not cfg.guard or guard.allows(question, candidate, similarity)
+
+
+def borderline(cfg: CacheConfig, similarity: float) -> bool:
+    """Under the threshold, but close enough for the stronger embedder to decide."""
+    return cfg.confirm and cfg.confirm_floor <= similarity < cfg.similarity_threshold
 
 
 class ResponseCache:
     def __init__(self, cfg: CacheConfig, store: Store, metrics: Metrics | None = None,
                  embedder: Embedder | None = None, embedder_threads: int = 1,
-                 backends: Mapping[str, Backend] | None = None) -> None:
+                 backends: Mapping[str, Backend] | None = None,
+                 confirm_embedder: Embedder | None = None) -> None:
         """`backends`: the models whose answers a semantic hit is checked against (the
-        error budget); without them the threshold stays as configured."""
+        error budget); without them the threshold stays as configured.
+        `confirm_embedder`: the borderline check's model (None: load the configured one,
+        unless `embedder` is given: then there is no check)."""
         self.cfg = cfg
         self.embedder_threads = embedder_threads  # torch's (0: its default); see api/app.py
         self.store = store
         self.metrics = metrics
         self.embedder: Embedder | None = embedder
         self.index: SemanticIndex | None = None
+        self.confirm_embedder = confirm_embedder
+        self.confirmer: Confirmer | None = None  # set by start() when the model is there
         # the embedder runs on its own thread: off the event loop, one question at a time
         self._embed_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="cache-embed")
         # a miss's question vector, kept until its answer is stored (so it is embedded once)
@@ -136,6 +155,7 @@ class ResponseCache:
         """Load the embedder off the event loop. Without it the cache is exact-only."""
         if not self.cfg.semantic:
             return
+        given = self.embedder is not None  # injected (tests, benchmarks): so is the check's
         if self.embedder is None:
             try:
                 path, threads = self.cfg.embedder_path, self.embedder_threads
@@ -144,14 +164,26 @@ class ResponseCache:
                 log.exception("semantic cache off: the embedder did not load")
                 return
         self.index = SemanticIndex(self.store, self.embedder.dim, max_entries=self.cfg.max_entries)
+        if self.cfg.confirm and (self.confirm_embedder is not None or not given):
+            await self._start_confirmer()
         if self.verifier is not None:
             self.verifier.start(self.embedder, self._embed_pool)
+
+    async def _start_confirmer(self) -> None:
+        if self.confirm_embedder is None:
+            cfg, threads = self.cfg, self.embedder_threads
+            self.confirm_embedder = await self._off_loop(lambda: load_confirm_model(cfg, threads))
+        if self.confirm_embedder is not None:
+            self.confirmer = Confirmer(self.confirm_embedder, self.store, self._embed_pool,
+                                       self.cfg.ttl_s)
 
     async def close(self) -> None:
         if self.verifier is not None:
             await self.verifier.close()
         if self._tasks:
             await asyncio.gather(*list(self._tasks), return_exceptions=True)
+        if self.confirmer is not None:
+            self.confirmer.close()
         self._embed_pool.shutdown(wait=False, cancel_futures=True)
 
     async def _off_loop(self, fn: Callable[[], Any]) -> Any:
@@ -168,8 +200,9 @@ class ResponseCache:
     def cacheable(self, request: GenerationRequest) -> bool:
         return request.use_cache and (request.sampling.greedy or self.cfg.cache_sampled)
 
-    def accepts(self, question: str, candidate: str, similarity: float) -> bool:
-        return accepts(self.cfg, question, candidate, similarity)
+    def accepts(self, question: str, candidate: str, similarity: float,
+                confirmed: float | None = None) -> bool:
+        return accepts(self.cfg, question, candidate, similarity, confirmed)
 
     # -- lookup ----------------------------------------------------------------
     async def lookup(self, request: GenerationRequest) -> Lookup:
@@ -204,28 +237,49 @@ class ResponseCache:
         vector = await self.embed(keys.question)
         self._vectors[request.id] = vector
         verifier = self.verifier
+        floor = self._floor()
+        strong: np.ndarray | None = None  # the question in the stronger model, made once
         would: tuple[str, float, CachedAnswer] | None = None  # the best hit not served
         for cand in await self.index.search(keys.partition, vector, CANDIDATES):
-            if cand.similarity < self.cfg.similarity_threshold:
+            if cand.similarity < floor:
                 break
-            if not self.accepts(keys.question, cand.question, cand.similarity):
+            confirmed: float | None = None
+            if cand.similarity < self.cfg.similarity_threshold:  # borderline
+                if self.confirmer is None or (self.cfg.guard and not guard.allows(
+                        keys.question, cand.question, cand.similarity)):
+                    continue  # the guard first: it is cheaper than the second embedding
+                if strong is None:
+                    strong = await self.confirmer.embed_question(keys.question)
+                confirmed = await self.confirmer.similarity(strong, cand.key, cand.question)
+            if not self.accepts(keys.question, cand.question, cand.similarity, confirmed):
                 continue
             raw = await self.store.get(ENTRY + cand.key)
             if raw is None:  # evicted or expired: try the next one
                 continue
             answer = CachedAnswer.from_bytes(raw)
+            # the error budget counts a confirmed hit at the configured threshold (the rule
+            # that served it); it serves confirmed hits only while it holds at that floor
+            counted = max(cand.similarity, self.cfg.similarity_threshold)
             if verifier is not None and (
-                    not verifier.semantic_on or cand.similarity < verifier.threshold
-                    or await verifier.barred(cand.key, cand.similarity)):
-                would = would or (cand.key, cand.similarity, answer)
+                    not verifier.semantic_on or counted < verifier.threshold
+                    or await verifier.barred(cand.key, counted)):
+                would = would or (cand.key, counted, answer)
                 continue
             if verifier is not None:
-                verifier.note(request, answer.model, cand.key, cand.similarity, answer.text, True)
+                verifier.note(request, answer.model, cand.key, counted, answer.text, True)
             return Lookup("semantic", answer=answer, similarity=cand.similarity)
         if verifier is not None and would is not None:
             key, similarity, answer = would
             verifier.note(request, answer.model, key, similarity, answer.text, False)
         return Lookup("miss")
+
+    def _floor(self) -> float:
+        """The lowest similarity a candidate may have to be looked at now."""
+        cfg, verifier = self.cfg, self.verifier
+        if self.confirmer is None or not cfg.confirm or (verifier is not None and (
+                not verifier.semantic_on or verifier.threshold > cfg.similarity_threshold)):
+            return cfg.similarity_threshold  # no second opinion, or the budget has tightened
+        return min(cfg.confirm_floor, cfg.similarity_threshold)
 
     # -- store -----------------------------------------------------------------
     def on_finish(self, completion: Finished) -> None:
@@ -261,6 +315,8 @@ class ResponseCache:
                     vector = await self.embed(keys.question)
                 await self.index.add(keys.partition, keys.exact, keys.question, vector,
                                      ttl=self.cfg.ttl_s)
+                if self.confirmer is not None:
+                    await self.confirmer.remember(keys.exact, keys.question)
         except StoreUnavailable as exc:
             log.warning("answer not cached: %s", exc.message)
         except Exception:  # a background write must never take anything down
@@ -271,4 +327,6 @@ class ResponseCache:
         old = await self.store.get(slot)
         if old is not None and old.decode() != entry:
             await self.store.delete(old.decode())
+            if self.confirmer is not None:
+                await self.confirmer.forget(old.decode().removeprefix(ENTRY))
         await self.store.set(slot, entry.encode(), ttl=self.cfg.ttl_s)
