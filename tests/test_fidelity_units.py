@@ -210,3 +210,32 @@ def test_a_prompt_list_goes_upstream_whole_and_bypasses_the_cache() -> None:
     one = text(["a b"])  # a list of one is that prompt, as before
     assert one.prompts == () and one.choices == 1 and one.use_cache
     assert request_body(one, "up")[1]["prompt"] == "a b"
+
+
+RICH = {"model": "m", "messages": [
+    {"role": "system", "content": "be brief"},
+    {"role": "user", "content": [{"type": "text", "text": "look"}, {"type": "image_url", "image_url": {
+        "url": "data:image/png;base64,AAAA", "detail": "low"}}]},
+    {"role": "assistant", "content": None, "tool_calls": [{"id": "c1", "type": "function", "function": {
+        "name": "get_weather", "arguments": "{\"city\":\"Paris\"}"}}]},
+    {"role": "tool", "tool_call_id": "c1", "content": "sunny"}],
+    "tools": [{"type": "function", "function": {
+        "name": "get_weather", "description": "d", "strict": True,
+        "parameters": {"type": "object", "properties": {"city": {"type": "string", "enum": ["a", "b"]}},
+                              "required": ["city"]}}}],
+    "tool_choice": {"type": "function", "function": {"name": "get_weather"}},
+    "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object"},
+                                                                "strict": True}},
+    "parallel_tool_calls": False, "user": "u", "some_unknown": {"a": [1, 2]}}
+
+
+def test_a_rich_requests_exact_cache_key_is_stable() -> None:
+    """The exact key of a request with parts, tool calls, tools, tool_choice, a response
+    format and a passed-through field is pinned: entries already cached stay reachable
+    when the key's code changes (it did: asdict's deep copy gave way to a JSON hook)."""
+    from redline.cache.keys import cache_keys
+
+    gen = ChatCompletionRequest.model_validate(RICH).to_generation(None, "t")
+    assert cache_keys(gen, "m").exact == "2e51ab2556ecd5d10b386313a050baa963be0bfd"
+    other = ChatCompletionRequest.model_validate({**RICH, "parallel_tool_calls": True})
+    assert cache_keys(other.to_generation(None, "t"), "m").exact != cache_keys(gen, "m").exact

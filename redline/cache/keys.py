@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import asdict, dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, fields, is_dataclass
 from typing import Any
 
 from redline.types import GenerationRequest, Message, SamplingParams
@@ -41,11 +42,10 @@ def _shape(request: GenerationRequest) -> list[object]:
     """Every other field that changes the output (empty for a plain request)."""
     out: list[object] = []
     if request.tools or request.tool_choice is not None or request.parallel_tool_calls is not None:
-        out.append(["tools", [asdict(t) for t in request.tools],
-                    None if request.tool_choice is None else asdict(request.tool_choice),
+        out.append(["tools", list(request.tools), request.tool_choice,
                     request.parallel_tool_calls])
     if request.response_format is not None:
-        out.append(["format", asdict(request.response_format)])
+        out.append(["format", request.response_format])
     if request.extra:
         out.append(["extra", dict(request.extra)])
     return out
@@ -54,8 +54,8 @@ def _shape(request: GenerationRequest) -> list[object]:
 def _message(m: Message) -> list[Any]:
     out: list[Any] = [m.role, normalise(m.content)]
     if m.parts is not None or m.tool_calls or m.tool_call_id or m.name or m.extra:
-        out.append([None if m.parts is None else [asdict(p) for p in m.parts],
-                    [asdict(c) for c in m.tool_calls], m.tool_call_id, m.name, dict(m.extra)])
+        out.append([None if m.parts is None else list(m.parts),
+                    list(m.tool_calls), m.tool_call_id, m.name, dict(m.extra)])
     return out
 
 
@@ -68,8 +68,19 @@ def _semantic(request: GenerationRequest) -> bool:
             and not any(m.tool_calls or m.tool_call_id for m in msgs))
 
 
+def _fields(value: Any) -> Any:
+    """A dataclass as its fields (the same JSON as `asdict`'s, without its deep copy: a
+    tool's JSON Schema is copied whole by asdict on every request), any other mapping as
+    a dict."""
+    if is_dataclass(value) and not isinstance(value, type):
+        return {f.name: getattr(value, f.name) for f in fields(value)}
+    if isinstance(value, Mapping):
+        return dict(value)
+    raise TypeError(f"not JSON: {type(value).__name__}")
+
+
 def _digest(parts: list[object]) -> str:
-    raw = json.dumps(parts, ensure_ascii=False, separators=(",", ":"))
+    raw = json.dumps(parts, ensure_ascii=False, separators=(",", ":"), default=_fields)
     return hashlib.sha256(raw.encode()).hexdigest()[:40]
 
 
