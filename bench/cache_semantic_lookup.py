@@ -21,6 +21,13 @@ for the issue's two figures:
 
     python bench/cache_semantic_lookup.py --entries 10000 --queries 300
     python bench/cache_semantic_lookup.py --entries 10000 --queries 300 --decode-streams 8
+
+`--confirm` turns the borderline check on (cache/confirm.py, all-mpnet-base-v2; the real
+entries' mpnet vectors are stored as an insert would) and times each path apart: fast hits
+(MiniLM over the threshold), confirmed hits, and misses that paid for the check.
+`--borderline` asks only the paraphrases whose MiniLM similarity to their cached question is
+in the checked band (cycled up to --queries), for a p99 of the confirmed path with enough
+samples.
 """
 
 from __future__ import annotations
@@ -34,7 +41,8 @@ import time
 import numpy as np
 
 from redline.backends.base import Backend
-from redline.cache.embedder import load_minilm
+from redline.cache.confirm import load_model
+from redline.cache.embedder import Embedder, load_minilm
 from redline.cache.evaluate import TUNE_PAIRS, load_pairs
 from redline.cache.keys import cache_keys
 from redline.cache.response_cache import ENTRY, CachedAnswer, ResponseCache
@@ -74,16 +82,34 @@ async def decode_forever(backend: Backend, i: int, stop: asyncio.Event,
                 break
 
 
-async def main(entries: int, queries: int, streams: int = 0) -> dict[str, float | int]:
-    cfg = CacheConfig(max_entries=entries)
+class Counting:
+    """The check's embedder, counting its calls (which lookups paid for it)."""
+
+    def __init__(self, inner: Embedder) -> None:
+        self.inner, self.dim, self.calls = inner, inner.dim, 0
+
+    def encode(self, texts: list[str]) -> np.ndarray:
+        self.calls += 1
+        return self.inner.encode(texts)
+
+
+async def main(entries: int, queries: int, streams: int = 0, confirm: bool = False,
+               borderline: bool = False) -> dict[str, object]:
+    cfg = CacheConfig(max_entries=entries, confirm=confirm)
     backend = engine() if streams else None
     backends: dict[str, Backend] = {MODEL: backend} if backend is not None else {}
-    cache = ResponseCache(cfg, MemoryStore(), embedder=load_minilm(None, 1), backends=backends)
+    strong = load_model(cfg, 1) if confirm else None
+    if confirm and strong is None:
+        raise SystemExit("--confirm: all-mpnet-base-v2 is not installed (make install)")
+    counting = Counting(strong) if strong is not None else None
+    cache = ResponseCache(cfg, MemoryStore(), embedder=load_minilm(None, 1), backends=backends,
+                          confirm_embedder=counting)
     await cache.start()
     assert cache.index is not None
     pairs = [p for path in TUNE_PAIRS for p in load_pairs(path) if p.same]
     real = sorted({p.a for p in pairs})
     vectors = dict(zip(real, load_minilm(None, 1).encode(real), strict=True))
+    strong_vectors = dict(zip(real, strong.encode(real), strict=True)) if strong else {}
     rng = np.random.default_rng(0)
     for i in range(entries):
         text = real[i] if i < len(real) else f"made-up question number {i}"
@@ -97,7 +123,14 @@ async def main(entries: int, queries: int, streams: int = 0) -> dict[str, float 
         await cache.store.set(ENTRY + keys.exact, answer.to_bytes(), ttl=None)
         assert keys.partition is not None
         await cache.index.add(keys.partition, keys.exact, text, v, ttl=None)
-    asks = [p.b for p in pairs][:queries]
+        if cache.confirmer is not None and text in strong_vectors:
+            await cache.confirmer._keep(keys.exact, strong_vectors[text])  # as put() would
+    asks = [p.b for p in pairs]
+    if borderline:
+        b_vectors = load_minilm(None, 1).encode(asks)
+        asks = [q for q, p, v in zip(asks, pairs, b_vectors, strict=True)
+                if cfg.confirm_floor <= float(vectors[p.a] @ v) < cfg.similarity_threshold]
+    asks = [asks[i % len(asks)] for i in range(queries)]
     await cache.lookup(request(asks[0]))  # warm: reads the partition into the matrix once
     stop, decoded, load = asyncio.Event(), [0], []
     if backend is not None:
@@ -108,13 +141,20 @@ async def main(entries: int, queries: int, streams: int = 0) -> dict[str, float 
             await asyncio.sleep(0.05)
     t_start, tokens_at_start = time.perf_counter(), decoded[0]
     all_ms, hit_ms = [], []
+    paths: dict[str, list[float]] = {"fast_hit": [], "confirmed_hit": [], "checked_miss": [],
+                                     "miss": []}
     for q in asks:
+        calls = counting.calls if counting is not None else 0
         t0 = time.perf_counter()
         out = await cache.lookup(request(q))
         ms = (time.perf_counter() - t0) * 1000
         all_ms.append(ms)
+        checked = counting is not None and counting.calls > calls
         if out.result == "semantic":
             hit_ms.append(ms)
+            paths["confirmed_hit" if checked else "fast_hit"].append(ms)
+        else:
+            paths["checked_miss" if checked else "miss"].append(ms)
         await asyncio.sleep(0.005)  # think time: the streams decode between lookups
     tok_s = (decoded[0] - tokens_at_start) / (time.perf_counter() - t_start)
     stop.set()
@@ -129,6 +169,9 @@ async def main(entries: int, queries: int, streams: int = 0) -> dict[str, float 
     return {"entries": entries, "lookups": len(all_ms), "semantic_hits": len(hit_ms),
             "all_p50_ms": round(statistics.median(all_ms), 2), "all_p99_ms": round(pct(all_ms, 99), 2),
             "hit_p50_ms": round(pct(hit_ms, 50), 2), "hit_p99_ms": round(pct(hit_ms, 99), 2),
+            "confirm": confirm, "borderline_only": borderline,
+            "paths": {k: {"n": len(v), "p50_ms": round(pct(v, 50), 2), "p99_ms": round(pct(v, 99), 2)}
+                      for k, v in paths.items() if v},
             "decode_streams": streams, "decode_tok_s": round(tok_s, 1)}
 
 
@@ -138,5 +181,9 @@ if __name__ == "__main__":
     ap.add_argument("--queries", type=int, default=300)
     ap.add_argument("--decode-streams", type=int, default=0,
                     help="greedy streams the bundled SmolLM2-135M decodes meanwhile, in process")
+    ap.add_argument("--confirm", action="store_true", help="the borderline check on (mpnet)")
+    ap.add_argument("--borderline", action="store_true",
+                    help="ask only paraphrases in the checked band (with --confirm)")
     args = ap.parse_args()
-    print(json.dumps(asyncio.run(main(args.entries, args.queries, args.decode_streams))))
+    print(json.dumps(asyncio.run(main(args.entries, args.queries, args.decode_streams,
+                                      args.confirm, args.borderline))))

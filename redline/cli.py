@@ -187,7 +187,8 @@ def eval_cache(args: argparse.Namespace) -> int:
     if args.threshold is not None:
         cfg = cfg.model_copy(update={"similarity_threshold": args.threshold})
     embedder = load_minilm(cfg.embedder_path, 0)  # no engine in this process
-    strong = load_confirm_model(cfg, 0)
+    # the check's model even where it is off, so the report shows it both ways
+    strong = load_confirm_model(cfg.model_copy(update={"confirm": True}), 0)
     if args.choose is not None:
         from redline.cache.evaluate import choose_confirm, choose_threshold
 

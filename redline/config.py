@@ -450,8 +450,11 @@ class CacheConfig(_Section):
                                       "None: the bundled all-MiniLM-L6-v2")
     # the borderline check (cache/confirm.py): a second, stronger embedder for candidates
     # between confirm_floor and similarity_threshold
-    confirm: bool = Field(True, description="serve a borderline candidate when a stronger "
-                          "embedder confirms it (without that model: off, and logged)")
+    confirm: bool = Field(False, description="serve a borderline candidate when a stronger "
+                          "embedder confirms it (without that model: off, and logged). Off by "
+                          "default: on the test part it gained recall 0.442 -> 0.484 and lost "
+                          "precision 0.977 -> 0.958, and a confirmed hit costs ~5x a fast one "
+                          "(docs/BENCHMARKS.md, issue 22)")
     confirm_floor: float = Field(0.47, ge=0.0, le=1.0,
                                  description="MiniLM similarity from which a candidate is "
                                  "checked by the stronger embedder (0.47: `redline eval-cache "

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from redline.cache.embedder import HashingEmbedder
-from redline.cache.evaluate import choose_threshold, load_pairs, score, similarities
+from redline.cache.evaluate import choose_confirm, choose_threshold, load_pairs, score, similarities
 from redline.config import CacheConfig
 from redline.routing.classifier import Classifier
 
@@ -104,6 +104,11 @@ def test_choosing_the_cache_threshold_reads_no_test_part() -> None:
     _assert_reads_no_test_part(lambda: choose_threshold(cfg, HashingEmbedder(), 0.9))
 
 
+def test_choosing_the_borderline_check_reads_no_test_part() -> None:
+    cfg = CacheConfig()
+    _assert_reads_no_test_part(lambda: choose_confirm(cfg, HashingEmbedder(), HashingEmbedder(64), 0.5))
+
+
 # The goal is precision >= 0.98 on the test part. Measured at the default settings
 # (threshold 0.70 chosen on the tuning part, guard on): 0.977 (42 of 43 hits right), recall
 # 0.442 -- just short, so the gate holds the line where it is and the goal stays open
@@ -115,11 +120,12 @@ RECALL_FLOOR = 0.40
 
 @pytest.mark.slow
 def test_semantic_cache_on_the_test_part_keeps_its_precision() -> None:
+    from redline.cache.confirm import load_model
     from redline.cache.embedder import load_minilm
 
-    cfg = CacheConfig()
+    cfg = CacheConfig()  # as served: the borderline check too, when it is on by default
     pairs = load_pairs(CACHE_TEST)
-    s = score(pairs, similarities(pairs, load_minilm(None, 0)), cfg)
+    s = score(pairs, similarities(pairs, load_minilm(None, 0), load_model(cfg, 0)), cfg)
     print(f"test part: precision {s.precision:.3f} (goal {GOAL}), recall {s.recall:.3f}, "
           f"wrong hits {s.wrong_by_kind}")
     assert s.precision >= PRECISION_FLOOR, s.wrong_by_kind
