@@ -7,7 +7,8 @@ server). 16 tenants, each with its own system prompt of about `--system-tokens` 
 their requests are interleaved (a seeded shuffle) and sent `--concurrency` at a time, each
 asking `--max-tokens` tokens. The same requests run once per policy, on fresh engines.
 Reported per policy: TTFT p50 and p99 (router.open until the first chunk), output tok/s
-over the whole run, and the busiest replica's share of requests against the mean.
+over the whole run, the share of prompt tokens the engines took from their prefix caches
+(usage's `cached_tokens`), and the busiest replica's share of requests against the mean.
 
 Needs a quiet machine for its timings; run small where it is not:
     .venv/bin/python bench/prefix_embedded.py --requests 48 --concurrency 4
@@ -80,23 +81,28 @@ def workload(n: int, tenants: int, system_tokens: int, max_tokens: int) -> list[
 
 
 async def run(policy: Policy, requests: list[GenerationRequest], concurrency: int,
-              models_dir: Path, cache_tokens: int | None = None) -> dict[str, Any]:
+              models_dir: Path, cache_tokens: int | None = None,
+              placement: dict[str, float] | None = None,
+              host_cache_mb: int | None = None) -> dict[str, Any]:
     cfg = ModelConfig.model_validate({"name": "m", "bundled": "smollm2-135m-instruct", "n_threads": 1,
                                       "n_seq_max": 8, "n_ctx": 2048, "replicas": 2,
                                       "prefix_cache_tokens": cache_tokens,
-                                      "placement": {"policy": policy}})
+                                      **({} if host_cache_mb is None else {"host_cache_mb": host_cache_mb}),
+                                      "placement": {"policy": policy, **(placement or {})}})
     replicas = [Counted(LocalBackend(cfg, models_dir)) for _ in range(cfg.replicas)]
-    pool = PoolBackend("m", cast(list[Backend], replicas), cfg.placement, cfg.cache_blocks())
+    pool = PoolBackend("m", cast(list[Backend], replicas), cfg.placement, cfg.cache_blocks(),
+                       cfg.load_cost_tokens())
     routing = RoutingConfig.model_validate({"classifier": "off", "hedge": False})
     router = Router({"m": pool}, "m", routing, Metrics())
     await pool.start()
     await router.start()
     ttfts: list[float] = []
     tokens = 0
+    prompt_tokens = cached_tokens = 0
     queue = list(requests)
 
     async def client() -> None:
-        nonlocal tokens
+        nonlocal tokens, prompt_tokens, cached_tokens
         while queue:
             req = queue.pop(0)
             t0 = time.perf_counter()
@@ -105,6 +111,9 @@ async def run(policy: Policy, requests: list[GenerationRequest], concurrency: in
             tokens += got.first.tokens
             async for chunk in got.rest:
                 tokens += chunk.tokens
+                if chunk.usage is not None:
+                    prompt_tokens += chunk.usage.prompt_tokens
+                    cached_tokens += chunk.usage.cached_tokens or 0
 
     t0 = time.perf_counter()
     await asyncio.gather(*(client() for _ in range(concurrency)))
@@ -112,10 +121,12 @@ async def run(policy: Policy, requests: list[GenerationRequest], concurrency: in
     await pool.close()
     counts = [r.requests for r in replicas]
     ttfts.sort()
-    return {"policy": policy, "requests": len(requests),
+    return {"policy": policy, "requests": len(requests), "host_cache_mb": cfg.host_cache_mb,
+            "load_cost_tokens": cfg.load_cost_tokens(),
             "ttft_p50_s": round(ttfts[len(ttfts) // 2], 3),
             "ttft_p99_s": round(ttfts[min(len(ttfts) - 1, int(len(ttfts) * 0.99))], 3),
             "tok_per_s": round(tokens / wall, 1),
+            "prefix_hit": round(cached_tokens / max(1, prompt_tokens), 3),
             "busiest_over_mean": round(max(counts) / statistics.fmean(counts), 3),
             "per_replica": counts}
 
@@ -131,11 +142,17 @@ async def amain() -> None:
     p.add_argument("--policies", nargs="*", default=["prefix", "least_loaded"])
     p.add_argument("--prefix-cache-tokens", type=int, default=None,
                    help="models[].prefix_cache_tokens for both policies (default: n_ctx)")
+    p.add_argument("--host-cache-mb", type=int, default=None,
+                   help="models[].host_cache_mb for both policies (0: off; default: the config's)")
+    p.add_argument("--load-bound", type=float, default=None, help="placement.load_bound")
+    p.add_argument("--load-cost-tokens", type=float, default=None, help="placement.load_cost_tokens")
     a = p.parse_args()
+    knobs = {k: v for k, v in (("load_bound", a.load_bound), ("load_cost_tokens", a.load_cost_tokens))
+             if v is not None}
     requests = workload(a.requests, a.tenants, a.system_tokens, a.max_tokens)
     for policy in a.policies:
         print(json.dumps(await run(cast(Policy, policy), requests, a.concurrency, Path(a.models_dir),
-                                   a.prefix_cache_tokens)),
+                                   a.prefix_cache_tokens, knobs, a.host_cache_mb)),
               flush=True)
 
 

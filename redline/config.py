@@ -69,9 +69,11 @@ class PlacementConfig(_Section):
     load_floor: int = Field(default=2, ge=1, description="a replica below this many requests in "
                             "flight is never over the bound (at low load a multiple of the mean "
                             "is < 2)")
-    load_cost_tokens: float = Field(default=256.0, ge=0, description="one request in flight on a "
-                                    "replica weighs as much as this many prompt tokens it must "
-                                    "compute")
+    load_cost_tokens: float | None = Field(
+        default=None, ge=0, description="one request in flight on a replica weighs as much as this "
+        "many prompt tokens it must compute. None: 1024 for embedded engines (on a CPU each request "
+        "in flight slows every step, and the host prompt cache keeps most prefixes anyway), 256 for "
+        "remote ones (measured in docs/BENCHMARKS.md, prefix routing)")
     sessions: bool = Field(default=True, description="a request with a session key (X-Session-ID, "
                            "else `user`) goes to the replica its session used, while that one "
                            "is healthy")
@@ -132,6 +134,11 @@ class ModelConfig(_Section):
     prefix_cache_tokens: int | None = Field(
         None, ge=0, description="KV cells that idle sequences keep for prefix reuse, all together; "
         "past it the least recently used are forgotten first. None: n_ctx (one context's worth)")
+    host_cache_mb: int = Field(
+        1024, ge=0, description="host memory for prompts' KV state that the KV cells let go "
+        "(past prefix_cache_tokens): a prompt that shares a longer prefix with a saved one is "
+        "copied back instead of computed (llama-server's --cache-ram); least recently used out "
+        "first; 0: off")
     size_rank: int = Field(1, description="1 = smallest; routing orders models by it")
     scheduling: Literal["priority", "fcfs"] = Field(
         "priority", description="local: 'priority' prefills tier S before waiting A and B work, "
@@ -205,6 +212,13 @@ class ModelConfig(_Section):
         if self.backend == "local":  # a slot keeps its last sequence's KV (engine/scheduler.py)
             return max(1, self.n_ctx * self.n_seq_max // p.block_tokens)
         return 16384
+
+    def load_cost_tokens(self) -> float:
+        """What one request in flight weighs in placement, in prompt tokens."""
+        given = self.placement.load_cost_tokens
+        if given is not None:
+            return given
+        return 1024.0 if self.backend == "local" else 256.0
 
 
 def _default_models() -> list[ModelConfig]:

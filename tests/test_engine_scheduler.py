@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from redline.engine.scheduler import Scheduler, common_prefix
+from redline.engine.scheduler import KVOps, Scheduler, common_prefix
 from redline.engine.sequence import SeqState, Sequence
 from redline.types import SamplingParams
 
@@ -147,6 +147,39 @@ def test_prefix_reuse_copies_from_a_running_sequence(loop):
     assert b.reused == 30
 
 
+def test_a_prompt_waits_for_the_shared_prefix_another_is_computing_then_copies_it(loop):
+    # budget 64 a step: a's 200-token prompt takes 4 steps; b arrives during the first
+    s = Scheduler(n_seq_max=4, n_batch=64)
+    system = list(range(1000, 1190))
+    a = make(loop, system + [1] * 10, "a")
+    s.add(a)
+    run_step(s)
+    b = make(loop, system + [2, 3], "b")
+    s.add(b)
+    batch = run_step(s)
+    assert b in s.waiting and b.slot is None  # not computing the same 190 tokens beside a
+    assert all(seq is a for seq, _ in batch.fed)
+    while a.n_fed < len(system):
+        run_step(s)
+    batch = s.schedule()
+    assert b in s.running
+    assert (a.slot, b.slot, 0, len(system)) in batch.kv.copies
+    assert b.reused == len(system)
+
+
+def test_a_short_or_small_shared_prefix_is_not_worth_waiting_for(loop):
+    s = Scheduler(n_seq_max=4, n_batch=16)
+    a = make(loop, list(range(100)), "a")
+    s.add(a)
+    run_step(s)
+    b = make(loop, list(range(40)) + [7] * 60, "b")  # shares 40 of 100: less than half
+    c = make(loop, list(range(20)) + [9], "c")  # shares 20: under MIN_WAIT_PREFIX
+    s.add(b)
+    s.add(c)
+    run_step(s)
+    assert b in s.running and c in s.running
+
+
 def test_whole_prompt_cached_still_recomputes_last_token_for_logits(loop):
     s = Scheduler(n_seq_max=2, n_batch=64)
     a = make(loop, [5, 6, 7, 8], "a")
@@ -207,10 +240,10 @@ def test_without_a_bound_nothing_is_forgotten_until_pressure(loop):
     finish_all(s, [seqs[1], seqs[0], seqs[2]])
     assert s.schedule().kv.removals == [] and s.cached_cells() == 30
     # pressure (the engine's decode found the KV full): oldest use first, one at a time
-    assert s.evict_oldest() == seqs[1].slot
-    assert s.evict_oldest() == seqs[0].slot
-    assert s.evict_oldest() == seqs[2].slot
-    assert s.evict_oldest() is None and s.evictions == 3
+    assert s.evict_oldest(KVOps()) == seqs[1].slot
+    assert s.evict_oldest(KVOps()) == seqs[0].slot
+    assert s.evict_oldest(KVOps()) == seqs[2].slot
+    assert s.evict_oldest(KVOps()) is None and s.evictions == 3
 
 
 def test_cached_counts_the_first_placements_prompt_reuse_only(loop):

@@ -78,7 +78,8 @@ def test_hardware_gauges_without_gpu_skip_cleanly() -> None:
 
 
 def test_engine_counters_are_read_at_scrape_time() -> None:
-    now = {"smol": {"steps": 10, "preemptions": 2, "evictions": 1, "slots_busy": 3}}
+    now = {"smol": {"steps": 10, "preemptions": 2, "evictions": 1, "slots_busy": 3,
+                    "host_restores": 4, "host_bytes": 1 << 20}}
     m = Metrics()
     m.watch_engines(lambda: now)
     assert m.value("redline_engine_preemptions_total", {"model": "smol"}) == 2
@@ -86,6 +87,9 @@ def test_engine_counters_are_read_at_scrape_time() -> None:
     assert m.value("redline_engine_preemptions_total", {"model": "smol"}) == 5
     assert m.value("redline_engine_steps_total", {"model": "smol"}) == 10
     assert m.value("redline_engine_slots_busy", {"model": "smol"}) == 3
+    assert m.value("redline_engine_host_cache_restores_total", {"model": "smol"}) == 4
+    assert m.value("redline_engine_host_cache_bytes", {"model": "smol"}) == 1 << 20
+    assert m.value("redline_engine_host_cache_saves_total", {"model": "smol"}) == 0
     off = Metrics(enabled=False)
     off.watch_engines(lambda: now)  # nothing registered, nothing scraped
     assert b"redline_engine" not in off.render()

@@ -93,7 +93,7 @@ def build_backend(cfg: ModelConfig, models_dir: Path, arbiter: StepArbiter | Non
 
             return PoolBackend(cfg.name, [LocalBackend(cfg, models_dir, arbiter)
                                           for _ in range(cfg.replicas)],
-                               cfg.placement, cfg.cache_blocks())
+                               cfg.placement, cfg.cache_blocks(), cfg.load_cost_tokens())
         return LocalBackend(cfg, models_dir, arbiter)
     if cfg.backend == "openai":
         from redline.backends.openai_compat import from_config

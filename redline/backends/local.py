@@ -48,7 +48,8 @@ class LocalBackend:
                              prefix_reuse=self.cfg.prefix_reuse, arbiter=self.arbiter,
                              name=cfg.name, cache_cells=self._cache_cells(),
                              tiers=cfg.scheduling == "priority", prefill_slack=cfg.prefill_slack,
-                             speculative=self._speculative())
+                             speculative=self._speculative(),
+                             host_cache_bytes=cfg.host_cache_mb << 20)
 
     def _speculative(self) -> NgramSettings | None:
         s = self.cfg.speculative
@@ -164,9 +165,12 @@ class LocalBackend:
         e = self.engine
         if e is None:
             return {}
-        s = e.scheduler
+        s, h = e.scheduler, e.host
         return {"steps": e.steps, "preemptions": s.preemptions, "evictions": s.evictions,
-                "slots_busy": len(s.running)}  # each running sequence holds a slot
+                "slots_busy": len(s.running),  # each running sequence holds a slot
+                "host_saves": h.saves if h else 0, "host_restores": h.restores if h else 0,
+                "host_restored_tokens": h.restored_tokens if h else 0,
+                "host_bytes": h.used if h else 0}
 
     def predict_ttft_s(self, prompt_tokens: int, tier: str | None) -> float | None:
         """For the planner: the engine's forecast from the work it has admitted."""

@@ -255,4 +255,4 @@ def from_config(cfg: ModelConfig) -> Backend:
                 for url in cfg.replica_urls()]
     if len(replicas) == 1:
         return replicas[0]
-    return PoolBackend(cfg.name, replicas, cfg.placement, cfg.cache_blocks())
+    return PoolBackend(cfg.name, replicas, cfg.placement, cfg.cache_blocks(), cfg.load_cost_tokens())

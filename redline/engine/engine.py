@@ -27,9 +27,10 @@ from collections.abc import AsyncIterator
 from redline.engine.arbiter import StepArbiter
 from redline.engine.budget import PrefillBudget
 from redline.engine.forecast import Forecast
+from redline.engine.host_cache import Entry, HostCache
 from redline.engine.llama import LlamaModel, LlamaRunner
 from redline.engine.sampling import token_logprobs
-from redline.engine.scheduler import ScheduledBatch, Scheduler
+from redline.engine.scheduler import KVOps, ScheduledBatch, Scheduler
 from redline.engine.sequence import Sequence
 from redline.engine.speculative import NgramSettings
 from redline.errors import EngineDead
@@ -43,13 +44,15 @@ class Engine:
                  n_threads: int, prefix_reuse: bool = True, arbiter: StepArbiter | None = None,
                  name: str = "engine", cache_cells: int | None = None, tiers: bool = True,
                  prefill_slack: float | None = 0.5,
-                 speculative: NgramSettings | None = None) -> None:
+                 speculative: NgramSettings | None = None, host_cache_bytes: int = 0) -> None:
         self.model = model
         self.n_ctx_per_seq = n_ctx_per_seq
         self.runner = LlamaRunner(model, n_ctx_per_seq, n_seq_max, n_batch, n_threads)
         # prefill_slack None: a fixed prefill budget (the rest of the batch every step)
+        # prefixes the KV buffer forgets, kept in host memory (none with 0 bytes)
+        self.host = HostCache(host_cache_bytes) if host_cache_bytes > 0 else None
         self.scheduler = Scheduler(n_seq_max, n_batch, prefix_reuse, cache_cells, tiers,
-                                   PrefillBudget(n_batch, prefill_slack), speculative)
+                                   PrefillBudget(n_batch, prefill_slack), speculative, self.host)
         self.forecast = Forecast(n_seq_max, self.scheduler.budget)
         self.scheduler.step_cost = self.forecast.step_s  # how streams nobody reads ride
         self._inbox: list[Sequence] = []
@@ -196,11 +199,14 @@ class Engine:
                 self._deliver(seq, self._final(seq, "cancelled", ""))
 
     def _decode(self, batch: ScheduledBatch) -> None:
+        self._save(batch.kv.saves)
         for seq_id, p0 in batch.kv.removals:
             if not self.runner.seq_remove(seq_id, p0, -1):
                 self._reset_slot(seq_id)
         for src, dst, p0, p1 in batch.kv.copies:
             self.runner.seq_copy(src, dst, p0, p1)
+        for seq_id, entry, keep in batch.kv.restores:
+            self._restore(seq_id, entry, keep)
         if not batch.entries:
             return
         while True:
@@ -209,11 +215,33 @@ class Engine:
                 break
             except RuntimeError:
                 # KV full: forget idle slots' cached prefixes, oldest first, until it fits
-                victim = self.scheduler.evict_oldest()
+                kv = KVOps()
+                victim = self.scheduler.evict_oldest(kv)
                 if victim is None:
                     raise
+                self._save(kv.saves)
                 self.runner.seq_remove(victim, -1, -1)
         self.scheduler.commit(batch)
+
+    def _save(self, saves: list[tuple[int, list[int]]]) -> None:
+        """Copy slots' cells to the host cache before they are forgotten."""
+        if self.host is None:
+            return
+        for seq_id, tokens in saves:
+            state, size = self.runner.seq_state(seq_id)
+            if size:
+                self.host.put(tokens, state, size)
+
+    def _restore(self, seq_id: int, entry: Entry, keep: int) -> None:
+        """Copy a host cache entry back into slot `seq_id` and keep its first `keep` tokens;
+        when llama.cpp refuses (no room), the slot's sequence computes its prompt."""
+        assert self.host is not None
+        if entry.payload is not None and self.runner.set_seq_state(seq_id, entry.payload, entry.size) \
+                and self.runner.seq_remove(seq_id, keep, -1):
+            self.host.used_for(entry, keep)
+            return
+        self.host.discard(entry)
+        self._reset_slot(seq_id)
 
     def _reset_slot(self, seq_id: int) -> None:
         """A partial removal was refused: recompute the whole prompt in this slot."""

@@ -175,6 +175,16 @@ class LlamaRunner:
     def seq_copy(self, src: int, dst: int, p0: int, p1: int) -> None:
         ll.llama_memory_seq_cp(self.mem, src, dst, p0, p1)
 
+    def seq_state(self, seq_id: int) -> tuple[ctypes.Array[ctypes.c_uint8], int]:
+        """A copy of sequence `seq_id`'s KV state (its cells), and its size in bytes."""
+        size = ll.llama_state_seq_get_size(self.ctx, seq_id)
+        buf = (ctypes.c_uint8 * size)()
+        return buf, ll.llama_state_seq_get_data(self.ctx, buf, size, seq_id)
+
+    def set_seq_state(self, seq_id: int, state: ctypes.Array[ctypes.c_uint8], size: int) -> bool:
+        """Load a `seq_state` copy into sequence `seq_id` (empty); False when it does not fit."""
+        return bool(ll.llama_state_seq_set_data(self.ctx, state, size, seq_id))
+
     def clear(self) -> None:
         ll.llama_memory_clear(self.mem, True)
 

@@ -11,7 +11,9 @@ longest prefix with it, or copies the shared prefix from a running sequence
 (`seq_cp`: cells are shared in the unified KV buffer, nothing is recomputed). When the
 best free slot shares less than half of the prompt (a chat template's first tokens), it
 takes an empty slot, else the one used longest ago, so that a trivial match does not
-overwrite a prefix worth more to the next request that shares it.
+overwrite a prefix worth more to the next request that shares it. A prompt whose shared
+prefix another sequence is still computing (its prefill has not got that far) waits for
+it and then copies it, rather than computing the same tokens again beside it.
 
 Order (with `tiers`, the default): a tier-S sequence is admitted and prefilled before
 waiting A and B work. Under pressure (no free slot) a waiting S takes the slot of a
@@ -42,7 +44,10 @@ draft tokens after its decode token, each with logits; the engine verifies them 
 `verified`, and the rejected ones' cells leave the KV before the next step.
 
 The cells that free slots keep for reuse are bounded (`cache_cells`): past the bound, the
-slot used longest ago is forgotten first, before the next step. Every step attends over
+slot used longest ago is forgotten first, before the next step. With a host cache
+(engine/host_cache.py) a forgotten prefix is first copied to host memory, and a prompt
+that shares more with a saved one than with anything in the buffer has it copied back
+into its slot (`restores`) instead of computing it again. Every step attends over
 the cells in use, and a full buffer fails a decode: when one fails, the engine forgets
 free slots' prefixes oldest first, one at a time, until it fits (`evict_oldest`).
 """
@@ -55,7 +60,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from redline.engine.budget import PrefillBudget
+from redline.engine.host_cache import Entry, HostCache
 from redline.engine.llama import BatchEntry
+from redline.engine.prefix import common_prefix
 from redline.engine.sequence import TIER_RANK, SeqState, Sequence
 from redline.engine.speculative import NgramIndex, NgramSettings
 
@@ -70,10 +77,14 @@ class Slot:
 
 @dataclass
 class KVOps:
-    """Cache edits to apply before the batch: (src, dst, p0, p1) copies, (seq, p0) removals."""
+    """Cache edits to apply before the batch, in this order: (seq, tokens) saves to the
+    host cache (the slot's cells as they are), (seq, p0) removals, (src, dst, p0, p1)
+    copies, (seq, entry, keep) restores of a host entry's first `keep` tokens."""
 
     removals: list[tuple[int, int]] = field(default_factory=list)
     copies: list[tuple[int, int, int, int]] = field(default_factory=list)
+    saves: list[tuple[int, list[int]]] = field(default_factory=list)
+    restores: list[tuple[int, Entry, int]] = field(default_factory=list)
 
 
 @dataclass
@@ -89,19 +100,17 @@ class ScheduledBatch:
     drafts: dict[int, list[int]] = field(default_factory=dict)
 
 
-def common_prefix(a: list[int], b: list[int]) -> int:
-    n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
+# a waiting prompt waits for another's prefill only to save at least this many tokens
+MIN_WAIT_PREFIX = 32
+# a host cache entry is copied back only when it holds this many more tokens of the prompt
+MIN_RESTORE = 32
 
 
 class Scheduler:
     def __init__(self, n_seq_max: int, n_batch: int, prefix_reuse: bool = True,
                  cache_cells: int | None = None, tiers: bool = True,
                  budget: PrefillBudget | None = None,
-                 drafter: NgramSettings | None = None) -> None:
+                 drafter: NgramSettings | None = None, host: HostCache | None = None) -> None:
         self.slots = [Slot(i) for i in range(n_seq_max)]
         self.n_batch = n_batch
         self.prefix_reuse = prefix_reuse
@@ -111,6 +120,7 @@ class Scheduler:
         self.evictions = 0
         self.preemptions = 0
         self.drafter = drafter  # None: no speculative decoding
+        self.host = host  # where forgotten prefixes go (engine/host_cache.py); None: nowhere
         self._rollbacks: list[tuple[int, int]] = []  # rejected drafts' cells: (seq, p0)
         # a decode-only step's seconds with n streams (the engine's fit), or None
         self.step_cost: Callable[[int], float | None] | None = None
@@ -260,14 +270,20 @@ class Scheduler:
         """A step ran in `seconds`: teach the prefill budget its costs."""
         self.budget.observe(batch.n_decode, len(batch.entries) - batch.n_decode, seconds)
 
-    def _next_waiting(self) -> Sequence:
-        if not self.tiers and not any(q.unread for q in self.waiting):
-            return self.waiting[0]  # first come, first served
-        return min(self.waiting, key=lambda q: q.rank(self.tiers))
+    def _next_waiting(self, held: list[Sequence]) -> Sequence | None:
+        candidates = [q for q in self.waiting if q not in held] if held else self.waiting
+        if not candidates:
+            return None
+        if not self.tiers and not any(q.unread for q in candidates):
+            return candidates[0]  # first come, first served
+        return min(candidates, key=lambda q: q.rank(self.tiers))
 
     def _admit(self, kv: KVOps) -> None:
-        while self.waiting:
-            seq = self._next_waiting()
+        held: list[Sequence] = []  # waiting for a prefix another sequence is computing
+        while (seq := self._next_waiting(held)) is not None:
+            if self.prefix_reuse and self._prefix_in_flight(seq):
+                held.append(seq)
+                continue
             if not any(s.owner is None for s in self.slots):
                 victim = self._victim(seq)
                 if victim is None:
@@ -276,6 +292,23 @@ class Scheduler:
             self.waiting.remove(seq)
             self._place(seq, kv)
             self.running.append(seq)
+
+    def _prefix_in_flight(self, seq: Sequence) -> bool:
+        """A running sequence is still computing a prefix that `seq` shares (at least half
+        of `seq`'s context and `MIN_WAIT_PREFIX` tokens more than any slot holds now):
+        `seq` waits until those cells exist and copies them, instead of computing the same
+        prefix again beside it (many users of one system prompt arriving together)."""
+        context = seq.context()
+        limit = len(context) - 1
+        held = max((min(common_prefix(s.tokens, context), limit) for s in self.slots), default=0)
+        for run in self.running:
+            if not run.in_prefill or (run.unread and not seq.unread):
+                continue  # an unread prompt runs only in spare steps: do not wait on it
+            shared = min(common_prefix(run.context(), context), limit)
+            if shared * 2 >= len(context) and shared >= held + MIN_WAIT_PREFIX \
+                    and run.n_fed < shared:
+                return True
+        return False
 
     def _victim(self, seq: Sequence) -> Sequence | None:
         """The running sequence that gives its slot to waiting `seq`, if one should: a
@@ -302,28 +335,40 @@ class Scheduler:
         self.preemptions += 1
 
     def _place(self, seq: Sequence, kv: KVOps) -> None:
-        """Give `seq` a free slot, reusing the longest cached prefix we have."""
+        """Give `seq` a free slot, reusing the longest cached prefix we have: in a free
+        slot, in a running sequence's slot (copied), or in the host cache (copied back)."""
         context = seq.context()
         limit = len(context) - 1  # the last token must run to give logits
         shared = {s.seq_id: min(common_prefix(s.tokens, context), limit)
                   if self.prefix_reuse else 0 for s in self.slots}
         free = [s for s in self.slots if s.owner is None]
         best_free = max(free, key=lambda s: shared[s.seq_id])
+        # little in common (a chat template's first tokens): taking that slot would throw
+        # away a prefix worth more to someone else (llama-server's default slot
+        # similarity, 0.5); an empty slot, else the one used longest ago
+        spare = min(free, key=lambda s: (bool(s.tokens), s.last_used))
         if shared[best_free.seq_id] * 2 < len(context):
-            # little in common (a chat template's first tokens): taking that slot would
-            # throw away a prefix worth more to someone else (llama-server's default slot
-            # similarity, 0.5); an empty slot, else the one used longest ago
-            best_free = min(free, key=lambda s: (bool(s.tokens), s.last_used))
+            best_free = spare
         best_free_n = shared[best_free.seq_id]
         best_busy = max((s for s in self.slots if s.owner is not None),
                         key=lambda s: shared[s.seq_id], default=None)
         best_busy_n = shared[best_busy.seq_id] if best_busy is not None else 0
+        entry, host_n = (self.host.best(context, limit) if self.host is not None and self.prefix_reuse
+                         else (None, 0))
         slot = best_free
-        if best_busy is not None and best_busy_n > best_free_n:
+        if entry is not None and host_n >= max(best_free_n, best_busy_n) + MIN_RESTORE:
+            slot = spare
+            self._keep(slot, 0, kv)
+            kv.removals.append((slot.seq_id, 0))
+            kv.restores.append((slot.seq_id, entry, host_n))
+            slot.tokens = entry.tokens[:host_n]
+        elif best_busy is not None and best_busy_n > best_free_n:
+            self._keep(slot, 0, kv)
             kv.removals.append((slot.seq_id, 0))
             kv.copies.append((best_busy.seq_id, slot.seq_id, 0, best_busy_n))
             slot.tokens = context[:best_busy_n]
         else:
+            self._keep(slot, best_free_n, kv)
             kv.removals.append((slot.seq_id, best_free_n))
             del slot.tokens[best_free_n:]
         slot.owner = seq
@@ -332,6 +377,13 @@ class Scheduler:
         if not seq.preemptions:
             seq.cached = min(seq.reused, len(seq.prompt))
         seq.state = SeqState.RUNNING
+
+    def _keep(self, slot: Slot, kept: int, kv: KVOps) -> None:
+        """`slot` loses its cells past `kept`: copy them to the host cache first when they
+        hold enough that it lacks (engine/host_cache.py)."""
+        if self.host is not None and len(slot.tokens) - kept >= MIN_RESTORE \
+                and self.host.wants(slot.tokens):
+            kv.saves.append((slot.seq_id, list(slot.tokens)))
 
     def commit(self, batch: ScheduledBatch) -> None:
         """The decode ran: the fed tokens are now in the KV cache."""
@@ -348,18 +400,20 @@ class Scheduler:
         if self.cache_cells is None:
             return
         while self.cached_cells() > self.cache_cells:
-            seq_id = self.evict_oldest()
+            seq_id = self.evict_oldest(kv)
             if seq_id is None:
                 return
             kv.removals.append((seq_id, 0))
 
-    def evict_oldest(self) -> int | None:
-        """Forget the cached prefix of the free slot used longest ago; its seq id, or None
-        when no free slot holds any."""
+    def evict_oldest(self, kv: KVOps) -> int | None:
+        """Forget the cached prefix of the free slot used longest ago (after `kv.saves`
+        copies it to the host cache, if worth it); its seq id, or None when no free slot
+        holds any. The caller removes its cells."""
         held = [s for s in self.slots if s.owner is None and s.tokens]
         if not held:
             return None
         slot = min(held, key=lambda s: s.last_used)
+        self._keep(slot, 0, kv)
         slot.tokens = []
         self.evictions += 1
         return slot.seq_id

@@ -123,7 +123,8 @@ class Metrics:
 class EngineCollector(Collector):
     """The embedded engines' scheduler counters, per model: decode steps, preemptions (a
     sequence gave its slot to another: tier S over B, or a read stream over one nobody
-    reads; it continues later), forgotten cached prefixes, and the slots in use now."""
+    reads; it continues later), forgotten cached prefixes, the host prompt cache's saves and
+    restores, and the slots and host-cache bytes in use now."""
 
     COUNTERS = {
         "steps": ("redline_engine_steps", "Decode steps run by the embedded engine"),
@@ -131,6 +132,16 @@ class EngineCollector(Collector):
                         "Sequences that gave their slot away and continued later"),
         "evictions": ("redline_engine_prefix_evictions",
                       "Cached prompt prefixes forgotten to bound the KV cells they hold"),
+        "host_saves": ("redline_engine_host_cache_saves",
+                       "Forgotten prompt prefixes copied to the host prompt cache"),
+        "host_restores": ("redline_engine_host_cache_restores",
+                          "Prompt prefixes copied back from the host cache instead of computed"),
+        "host_restored_tokens": ("redline_engine_host_cache_restored_tokens",
+                                 "Prompt tokens copied back from the host cache"),
+    }
+    GAUGES = {
+        "slots_busy": ("redline_engine_slots_busy", "Sequences holding an engine slot now"),
+        "host_bytes": ("redline_engine_host_cache_bytes", "Bytes the host prompt cache holds now"),
     }
 
     def __init__(self, stats: Callable[[], Mapping[str, Mapping[str, int]]]) -> None:
@@ -143,8 +154,8 @@ class EngineCollector(Collector):
             for model, values in now.items():
                 family.add_metric((model,), values.get(field, 0))
             yield family
-        busy = GaugeMetricFamily("redline_engine_slots_busy",
-                                 "Sequences holding an engine slot now", labels=("model",))
-        for model, values in now.items():
-            busy.add_metric((model,), values.get("slots_busy", 0))
-        yield busy
+        for field, (name, doc) in self.GAUGES.items():
+            gauge = GaugeMetricFamily(name, doc, labels=("model",))
+            for model, values in now.items():
+                gauge.add_metric((model,), values.get(field, 0))
+            yield gauge
