@@ -92,7 +92,8 @@ def _last_logits(runner, seq_id, tokens, start):
 
 
 def test_prefix_reuse_logits_match_a_full_prefill(model):
-    """KV copied from a cached prefix gives the logits a full prefill gives, within the
+    """KV copied from a cached prefix (kept in its slot, copied from another, or saved to
+    host memory and restored) gives the logits a full prefill gives, within the
     noise between llama.cpp's own computation paths (~0.7 here: decode vs prefill kernels,
     flash-attention accumulation order). A wrong reuse (positions or cells off) is far
     outside it — the negative control below shows the test can fail."""
@@ -109,7 +110,11 @@ def test_prefix_reuse_logits_match_a_full_prefill(model):
         runner.seq_remove(2, -1, -1)
         runner.seq_copy(0, 2, 0, n)  # the copy from a running sequence
         copied = _last_logits(runner, 2, p2[n:], n)
-        for got in (reused, copied):
+        state, size = runner.seq_state(1)  # the host cache's save and restore
+        runner.seq_remove(3, -1, -1)
+        assert size > 0 and runner.set_seq_state(3, state, size) and runner.seq_remove(3, n, -1)
+        restored = _last_logits(runner, 3, p2[n:], n)
+        for got in (reused, copied, restored):
             assert np.abs(got - full).max() < 1.5
             assert int(got.argmax()) == int(full.argmax())
         # negative control: the suffix at shifted positions is not the same computation
@@ -155,6 +160,31 @@ async def test_engine_reuses_the_shared_system_prompt(model):
     finally:
         plain.close()
         reuse.close()
+
+
+async def test_the_engine_restores_a_forgotten_system_prompt_and_answers_the_same(model):
+    greedy = SamplingParams(max_tokens=8, temperature=0.0)
+
+    async def ask(engine, question):
+        chunks = [c async for c in engine.generate(chat(model, question, SYSTEM), greedy)]
+        return "".join(c.text for c in chunks), chunks[-1].usage
+
+    plain = make_engine(model, n_seq_max=2, prefix_reuse=False)
+    # free slots keep no cells: every finished prompt leaves the KV buffer
+    hosted = make_engine(model, n_seq_max=2, cache_cells=0, host_cache_bytes=256 << 20)
+    try:
+        system_len = len(model.tokenize(SYSTEM, add_special=False))
+        for q in ("What is the capital of France?", "What is the capital of Italy?",
+                  "What is the capital of Japan?"):
+            want, _ = await ask(plain, q)
+            got, usage = await ask(hosted, q)
+            assert got == want
+        assert hosted.host is not None and hosted.host.restores >= 1
+        assert usage is not None and usage.cached_tokens is not None
+        assert usage.cached_tokens >= system_len
+    finally:
+        plain.close()
+        hosted.close()
 
 
 async def test_cancel_frees_the_slot_within_a_step(model):

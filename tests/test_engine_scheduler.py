@@ -6,6 +6,7 @@ import asyncio
 
 import pytest
 
+from redline.engine.host_cache import MIN_NEW_TOKENS, HostCache
 from redline.engine.scheduler import KVOps, Scheduler, common_prefix
 from redline.engine.sequence import SeqState, Sequence
 from redline.types import SamplingParams
@@ -262,3 +263,92 @@ def test_cached_counts_the_first_placements_prompt_reuse_only(loop):
     s.preempt(b)  # back in: its own cells give it prompt and output, a recomputation saved
     s.schedule()
     assert b.reused > 20 and b.cached == 20
+
+
+# ---- the host prompt cache (engine/host_cache.py) -------------------------------------
+
+def finish_after_prefill(sched, seq):
+    while seq.in_prefill:
+        batch = sched.schedule()
+        sched.commit(batch)
+    sched.finish(seq)
+
+
+def test_host_cache_keeps_the_longest_match_and_evicts_least_recently_used():
+    h = HostCache(capacity_bytes=300)
+    a = h.put(list(range(100)), "A", 100)
+    b = h.put([7] * 100, "B", 100)
+    entry, n = h.best(list(range(80)) + [1, 2], limit=1000)
+    assert entry is a and n == 80
+    assert h.best([9] * 10, 1000) == (None, 0)
+    assert h.best(list(range(100)), limit=40)[1] == 40
+    h.used_for(a, 80)  # a is now the most recently used: b goes first
+    h.put([8] * 100, "C", 100)
+    h.put([6] * 100, "D", 100)
+    assert h.best([7] * 100, 1000) == (None, 0) and b.payload is None
+    assert h.best(list(range(100)), 1000)[0] is a
+    assert h.used <= h.capacity and len(h) == 3
+    assert h.put([5] * 100, "too big", 301) is None
+
+
+def test_an_entry_that_extends_another_replaces_it_and_a_short_extension_is_not_saved():
+    h = HostCache(capacity_bytes=10_000)
+    h.put(list(range(200)), "A", 10)
+    assert not h.wants(list(range(200 + MIN_NEW_TOKENS - 1)))  # too little that is new
+    assert h.wants(list(range(200 + MIN_NEW_TOKENS)))
+    longer = h.put(list(range(300)), "B", 20)
+    assert len(h) == 1 and h.used == 20
+    assert h.best(list(range(250)), 1000) == (longer, 250)
+    assert not HostCache(0).wants(list(range(500)))
+
+
+def test_a_forgotten_prefix_is_saved_then_restored_instead_of_recomputed(loop):
+    host = HostCache(capacity_bytes=1 << 30)
+    s = Scheduler(n_seq_max=2, n_batch=512, cache_cells=0, host=host)
+    system = list(range(1000, 1300))
+    a = make(loop, system + [1, 2], "a")
+    s.add(a)
+    finish_after_prefill(s, a)
+    # free slots may keep no cells: the next step forgets a's and asks for a copy first
+    b = make(loop, system + [3, 4], "b")
+    s.add(b)
+    batch = s.schedule()
+    assert batch.kv.saves == [(a.slot, system + [1, 2])]
+    host.put(system + [1, 2], "state of a", 1)  # what the engine does with the save
+    # the slot was forgotten in this same step, before b was placed: nothing to restore
+    # yet, so b computed its prompt (the engine saves before it removes)
+    assert b.reused == 0 and not batch.kv.restores
+    s.commit(batch)
+    finish_after_prefill(s, b)
+    c = make(loop, system + [5, 6], "c")
+    s.add(c)
+    batch = s.schedule()
+    (seq_id, entry, keep), = batch.kv.restores
+    assert seq_id == c.slot and entry.payload == "state of a" and keep == len(system)
+    assert (c.slot, 0) in batch.kv.removals  # the slot is emptied before the copy comes back
+    assert c.reused == c.cached == len(system)
+    assert [e.token for e in batch.entries] == [5, 6]
+
+
+def test_a_prefix_still_in_a_slot_is_not_restored_from_the_host(loop):
+    host = HostCache(capacity_bytes=1 << 30)
+    host.put(list(range(1000, 1300)), "old", 1)
+    s = Scheduler(n_seq_max=2, n_batch=512, host=host)
+    a = make(loop, list(range(1000, 1300)) + [1], "a")
+    s.add(a)
+    finish_after_prefill(s, a)  # the slot keeps a's cells (no bound)
+    b = make(loop, list(range(1000, 1300)) + [2], "b")
+    s.add(b)
+    batch = s.schedule()
+    assert not batch.kv.restores and b.reused == 300 and host.restores == 0
+
+
+def test_without_a_host_cache_nothing_is_saved(loop):
+    s = Scheduler(n_seq_max=2, n_batch=512, cache_cells=0)
+    a = make(loop, list(range(300)), "a")
+    s.add(a)
+    finish_after_prefill(s, a)
+    s.add(make(loop, list(range(300)), "b"))
+    batch = s.schedule()
+    assert not batch.kv.saves and not batch.kv.restores
+    assert s.evict_oldest(KVOps()) is None
