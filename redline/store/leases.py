@@ -18,10 +18,9 @@ from collections.abc import Awaitable, Sequence
 from typing import Any, TypeVar
 
 import redis.asyncio as aioredis
-from redis.exceptions import RedisError
 
 from redline.breaker import CircuitBreaker
-from redline.store.base import StoreUnavailable
+from redline.store.redis_store import guarded, ms
 
 T = TypeVar("T")
 
@@ -58,10 +57,6 @@ return #KEYS
 """
 
 
-def _ms(seconds: float) -> int:
-    return max(1, int(seconds * 1000))
-
-
 class RedisLeases:
     """`acquire`, `renew`, `release` and `count` of leases lasting `ttl_s` unless renewed."""
 
@@ -74,33 +69,19 @@ class RedisLeases:
         self.breaker = CircuitBreaker(threshold=1, ttl_s=BREAKER_S)
 
     async def _call(self, aw: Awaitable[T]) -> T:
-        if not self.breaker.acquire():
-            close = getattr(aw, "close", None)
-            if close is not None:
-                close()  # a coroutine never awaited: no warning
-            raise StoreUnavailable("redis leases: unavailable (breaker open)")
-        try:
-            result = await aw
-        except (RedisError, OSError) as exc:
-            self.breaker.failure()
-            raise StoreUnavailable(f"redis leases: {type(exc).__name__}: {exc}") from exc
-        except BaseException:  # cancelled: proved nothing
-            self.breaker.release()
-            raise
-        self.breaker.success()
-        return result
+        return await guarded(self.breaker, "redis leases", aw)
 
     async def acquire(self, who: str, lease_id: str, cap: int) -> bool:
         """Take a lease for `lease_id` unless `who` holds `cap` live ones already."""
         taken: Any = await self._call(self._acquire(keys=[PREFIX + who],
-                                                    args=[_ms(self.ttl_s), cap, lease_id]))
+                                                    args=[ms(self.ttl_s), cap, lease_id]))
         return bool(int(taken))
 
     async def renew(self, held: Sequence[tuple[str, str]]) -> None:
         """Extend each (who, lease id) still held by `ttl_s` from now, in one call."""
         if held:
             await self._call(self._renew(keys=[PREFIX + who for who, _ in held],
-                                         args=[_ms(self.ttl_s), *(rid for _, rid in held)]))
+                                         args=[ms(self.ttl_s), *(rid for _, rid in held)]))
 
     async def release(self, who: str, lease_id: str) -> None:
         await self._call(self._r.zrem(PREFIX + who, lease_id))

@@ -27,8 +27,32 @@ T = TypeVar("T")
 BREAKER_S = 2.0
 
 
-def _ms(ttl: float) -> int:
-    return max(1, int(ttl * 1000))
+def ms(seconds: float) -> int:
+    """A TTL in Redis's milliseconds (at least one)."""
+    return max(1, int(seconds * 1000))
+
+
+async def guarded(breaker: CircuitBreaker, what: str, aw: Awaitable[T]) -> T:
+    """Await one Redis call behind `breaker`: open, it answers `StoreUnavailable` at once
+    (and closes the never-awaited coroutine); a connection or timeout failure opens it; a
+    command error proves Redis is up; a cancellation proves nothing."""
+    if not breaker.acquire():
+        if inspect.iscoroutine(aw):
+            aw.close()
+        raise StoreUnavailable(f"{what}: unavailable (breaker open)")
+    try:
+        result = await aw
+    except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
+        breaker.failure()
+        raise StoreUnavailable(f"{what}: {type(exc).__name__}: {exc}") from exc
+    except RedisError as exc:  # Redis answered (a command error): it is up
+        breaker.success()
+        raise StoreUnavailable(f"{what}: {type(exc).__name__}: {exc}") from exc
+    except BaseException:
+        breaker.release()
+        raise
+    breaker.success()
+    return result
 
 
 class RedisStore:
@@ -45,23 +69,7 @@ class RedisStore:
         return not self.breaker.is_open
 
     async def _call(self, aw: Awaitable[T]) -> T:
-        if not self.breaker.acquire():
-            if inspect.iscoroutine(aw):
-                aw.close()
-            raise StoreUnavailable("redis store: unavailable (breaker open)")
-        try:
-            result = await aw
-        except (RedisConnectionError, RedisTimeoutError) as exc:
-            self.breaker.failure()
-            raise StoreUnavailable(f"redis store: {type(exc).__name__}: {exc}") from exc
-        except RedisError as exc:  # Redis answered (a command error): it is up
-            self.breaker.success()
-            raise StoreUnavailable(f"redis store: {type(exc).__name__}: {exc}") from exc
-        except BaseException:  # cancelled: proved nothing
-            self.breaker.release()
-            raise
-        self.breaker.success()
-        return result
+        return await guarded(self.breaker, "redis store", aw)
 
     async def _tx(self, build: Callable[[Any], object]) -> list[Any]:
         """Run the commands that `build` queues on a MULTI/EXEC pipeline."""
@@ -74,7 +82,7 @@ class RedisStore:
         return value.encode() if isinstance(value, str) else value  # bytes: no decode_responses
 
     async def set(self, key: str, value: bytes, ttl: float | None = None) -> None:
-        await self._call(self._r.set(key, value, px=None if ttl is None else _ms(ttl)))
+        await self._call(self._r.set(key, value, px=None if ttl is None else ms(ttl)))
 
     async def delete(self, key: str) -> None:
         await self._call(self._r.delete(key))
@@ -83,7 +91,7 @@ class RedisStore:
         if ttl is None:
             return int(await self._call(self._r.incrby(key, amount)))
         # create with the TTL only if absent, then add: the TTL is set exactly once
-        out = await self._tx(lambda p: p.set(key, b"0", px=_ms(ttl), nx=True).incrby(key, amount))
+        out = await self._tx(lambda p: p.set(key, b"0", px=ms(ttl), nx=True).incrby(key, amount))
         return int(out[-1])
 
     async def append(self, key: str, value: bytes, ttl: float | None = None) -> int:
@@ -92,7 +100,7 @@ class RedisStore:
     async def extend(self, key: str, values: list[bytes], ttl: float | None = None) -> int:
         if ttl is None:
             return int(await self._call(self._r.rpush(key, *values)))
-        out = await self._tx(lambda p: p.rpush(key, *values).pexpire(key, _ms(ttl)))
+        out = await self._tx(lambda p: p.rpush(key, *values).pexpire(key, ms(ttl)))
         return int(out[0])
 
     async def write_many(self, extends: list[tuple[str, list[bytes], float | None]],
@@ -101,9 +109,9 @@ class RedisStore:
             for key, values, ttl in extends:
                 p.rpush(key, *values)
                 if ttl is not None:
-                    p.pexpire(key, _ms(ttl))
+                    p.pexpire(key, ms(ttl))
             for key, value, ttl in sets:
-                p.set(key, value, px=None if ttl is None else _ms(ttl))
+                p.set(key, value, px=None if ttl is None else ms(ttl))
         if extends or sets:
             await self._tx(build)
 
@@ -116,7 +124,7 @@ class RedisStore:
         if ttl is None:
             await self._call(self._r.hset(key, field, value))
         else:
-            await self._tx(lambda p: p.hset(key, field, value).pexpire(key, _ms(ttl)))
+            await self._tx(lambda p: p.hset(key, field, value).pexpire(key, ms(ttl)))
 
     async def hgetall(self, key: str) -> dict[str, bytes]:
         raw = await self._call(cast("Awaitable[dict[bytes, bytes]]", self._r.hgetall(key)))
