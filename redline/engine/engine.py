@@ -49,8 +49,8 @@ class Engine:
         self.n_ctx_per_seq = n_ctx_per_seq
         self.runner = LlamaRunner(model, n_ctx_per_seq, n_seq_max, n_batch, n_threads)
         # prefill_slack None: a fixed prefill budget (the rest of the batch every step)
-        # prefixes the KV buffer forgets, kept in host memory (none with 0 bytes)
-        self.host = HostCache(host_cache_bytes) if host_cache_bytes > 0 else None
+        # prefixes the KV buffer forgets, kept in host memory (none with 0 bytes or no reuse)
+        self.host = HostCache(host_cache_bytes) if host_cache_bytes > 0 and prefix_reuse else None
         self.scheduler = Scheduler(n_seq_max, n_batch, prefix_reuse, cache_cells, tiers,
                                    PrefillBudget(n_batch, prefill_slack), speculative, self.host)
         self.forecast = Forecast(n_seq_max, self.scheduler.budget)
