@@ -9,6 +9,7 @@ from __future__ import annotations
 import ctypes
 import os
 from dataclasses import dataclass
+from typing import Any
 
 import llama_cpp as ll
 import numpy as np
@@ -123,6 +124,10 @@ class LlamaModel:
             self.model = None
 
 
+def _bytes_ptr(buf: np.ndarray) -> Any:
+    return buf.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8))
+
+
 class LlamaRunner:
     """One llama.cpp context with `n_seq_max` sequences over one unified KV buffer,
     so that sequences can share cells (prefix reuse is a metadata copy)."""
@@ -175,15 +180,16 @@ class LlamaRunner:
     def seq_copy(self, src: int, dst: int, p0: int, p1: int) -> None:
         ll.llama_memory_seq_cp(self.mem, src, dst, p0, p1)
 
-    def seq_state(self, seq_id: int) -> tuple[ctypes.Array[ctypes.c_uint8], int]:
-        """A copy of sequence `seq_id`'s KV state (its cells), and its size in bytes."""
+    def seq_state(self, seq_id: int) -> tuple[np.ndarray, int]:
+        """A copy of sequence `seq_id`'s KV state (its cells), and its size in bytes (into
+        an uninitialised buffer: zeroing tens of MB first would double the copy's time)."""
         size = ll.llama_state_seq_get_size(self.ctx, seq_id)
-        buf = (ctypes.c_uint8 * size)()
-        return buf, ll.llama_state_seq_get_data(self.ctx, buf, size, seq_id)
+        buf = np.empty(size, dtype=np.uint8)
+        return buf, ll.llama_state_seq_get_data(self.ctx, _bytes_ptr(buf), size, seq_id)
 
-    def set_seq_state(self, seq_id: int, state: ctypes.Array[ctypes.c_uint8], size: int) -> bool:
+    def set_seq_state(self, seq_id: int, state: np.ndarray, size: int) -> bool:
         """Load a `seq_state` copy into sequence `seq_id` (empty); False when it does not fit."""
-        return bool(ll.llama_state_seq_set_data(self.ctx, state, size, seq_id))
+        return bool(ll.llama_state_seq_set_data(self.ctx, _bytes_ptr(state), size, seq_id))
 
     def clear(self) -> None:
         ll.llama_memory_clear(self.mem, True)
