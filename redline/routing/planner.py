@@ -34,7 +34,7 @@ def meets(p: Prediction, budget: TierBudget) -> bool:
 
 def plan(tier: str, budget: TierBudget, candidates: Sequence[str],
          predict: Callable[[str], Prediction | None], max_tokens: int,
-         shorten: bool,
+         tpot_of: Callable[[str], float], shorten: bool,
          within_s: float | None = None, crowded: frozenset[str] = frozenset()) -> Plan:
     """`predict(model)` is None when no replica of the model can take traffic now.
     `within_s`: only the models predicted to finish even an answer of `max_tokens` within
@@ -62,12 +62,12 @@ def plan(tier: str, budget: TierBudget, candidates: Sequence[str],
             alive = fits
         else:
             alive = sorted(alive, key=lambda m: preds[m].longest_s(max_tokens))  # type: ignore[union-attr]
-    p = _plan(tier, budget, alive, preds, max_tokens, shorten)  # type: ignore[arg-type]
+    p = _plan(tier, budget, alive, preds, max_tokens, tpot_of, shorten)  # type: ignore[arg-type]
     return dataclasses.replace(p, order=p.order + tuple(later)) if later else p
 
 
 def _plan(tier: str, budget: TierBudget, alive: list[str], preds: dict[str, Prediction],
-          max_tokens: int, shorten: bool) -> Plan:
+          max_tokens: int, tpot_of: Callable[[str], float], shorten: bool) -> Plan:
     if budget.ttft_s is None and budget.total_s is None:
         return Plan(tuple(alive), None, preds[alive[0]], degraded=False)
     good = [m for m in alive if meets(preds[m], budget)]
@@ -82,7 +82,7 @@ def _plan(tier: str, budget: TierBudget, alive: list[str], preds: dict[str, Pred
     cap = None
     if shorten and tier == "S" and budget.total_s is not None and p.total_s > budget.total_s:
         room = budget.total_s - p.ttft_s
-        cap = max(MIN_SHORT_TOKENS, min(max_tokens, int(room / max(p.tpot_s, 1e-4)) + 1))
+        cap = max(MIN_SHORT_TOKENS, min(max_tokens, int(room / max(tpot_of(best), 1e-4)) + 1))
         if cap >= max_tokens:
             cap = None
     log.debug("tier %s: no model meets the budget; degrading to %s (predicted TTFT %.2fs, "

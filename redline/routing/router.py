@@ -211,6 +211,10 @@ class Router:
         n_prompt = _prompt_tokens(request)
         max_tokens = request.sampling.max_tokens
 
+        def tpot_of(model: str) -> float:
+            return min(self.estimates.of(r).tpot_s * slowdown_of(r)
+                       for r in replicas_of(self.backends[model]))
+
         # `auto` prefers a larger model for a complex request only while it is predicted
         # to finish within quality_total_s (routing.quality_total_s)
         within = self.cfg.quality_total_s if request.model == AUTO else None
@@ -220,7 +224,7 @@ class Router:
         crowded = frozenset(m for m in candidates if self._crowded(m, tier)) if within \
             else frozenset()
         return plan(tier, self._budgets[tier], candidates,
-                    lambda m: self.predict(m, n_prompt, max_tokens, tier), max_tokens,
+                    lambda m: self.predict(m, n_prompt, max_tokens, tier), max_tokens, tpot_of,
                     self.cfg.shorten, within, crowded)
 
     def _crowded(self, model: str, tier: str) -> bool:
