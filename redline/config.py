@@ -85,6 +85,13 @@ class PlacementConfig(_Section):
         "server), text_only (completions only; chat streams end with an error event), off. "
         "auto: text_only for local models, continue_final_message for remote ones")
 
+    def load_cost(self, local: bool) -> float:
+        """What one request in flight weighs in placement, in prompt tokens, for a pool of
+        embedded (`local`) or remote engines."""
+        if self.load_cost_tokens is not None:
+            return self.load_cost_tokens
+        return 1024.0 if local else 256.0
+
 
 class SpeculativeConfig(_Section):
     """Speculative decoding on the embedded engine without a draft model: n-gram prompt
@@ -215,10 +222,7 @@ class ModelConfig(_Section):
 
     def load_cost_tokens(self) -> float:
         """What one request in flight weighs in placement, in prompt tokens."""
-        given = self.placement.load_cost_tokens
-        if given is not None:
-            return given
-        return 1024.0 if self.backend == "local" else 256.0
+        return self.placement.load_cost(self.backend == "local")
 
 
 def _default_models() -> list[ModelConfig]:

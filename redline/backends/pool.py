@@ -33,7 +33,8 @@ class PoolBackend:
                  placement: PlacementConfig | None = None, cache_blocks: int | None = None,
                  load_cost_tokens: float | None = None) -> None:
         """`cache_blocks`: what each replica's engine caches (ModelConfig.cache_blocks());
-        `load_cost_tokens`: ModelConfig.load_cost_tokens(), else the placement's or 256."""
+        `load_cost_tokens`: ModelConfig.load_cost_tokens(), else the placement's for remote
+        engines."""
         if not replicas:
             raise ValueError(f"pool {name!r} needs at least one replica")
         first = replicas[0].info
@@ -41,8 +42,8 @@ class PoolBackend:
         self.replicas = list(replicas)
         cfg = placement or PlacementConfig()
         self.policy: Policy = cfg.policy
-        cost = load_cost_tokens if load_cost_tokens is not None else cfg.load_cost_tokens
-        self.weights = Weights(cfg.load_bound, (256.0 if cost is None else cost) / cfg.block_tokens,
+        cost = load_cost_tokens if load_cost_tokens is not None else cfg.load_cost(local=False)
+        self.weights = Weights(cfg.load_bound, cost / cfg.block_tokens,
                                cfg.load_floor)
         self.block_bytes = max(1, round(cfg.block_tokens * cfg.chars_per_token))
         capacity = cache_blocks if cache_blocks is not None else (cfg.cache_blocks or 16384)
