@@ -5,7 +5,12 @@ One engine, one stream of greedy tokens (ignore_eos), measured as TPOT; between 
 the other slots are filled with long prompts that finish (their KV stays cached for reuse)
 or emptied. Rounds alternate so both see the same machine noise.
 
+`--levels 0,512,2048,10500` measures a curve instead: the 7 other slots hold that many
+cells in all (split evenly), levels in a rotating order each round. `redline serve` bounds
+the cells idle slots keep at `prefix_cache_tokens` (default: one context, 2,048).
+
     .venv/bin/python bench/engine_kv_cells.py [--model PATH] [--prompt-tokens 1500]
+    .venv/bin/python bench/engine_kv_cells.py --levels 0,512,1024,2048,4096,10500
 """
 
 from __future__ import annotations
@@ -49,19 +54,22 @@ async def main_async(a: argparse.Namespace) -> None:
     model = LlamaModel(path)
     engine = Engine(model, n_ctx_per_seq=2048, n_seq_max=8, n_batch=512, n_threads=a.threads)
     prompt = model.tokenize("Write a long story about a lighthouse keeper.")
-    rows: dict[str, list[float]] = {"empty": [], "full": []}
+    levels = [int(x) for x in a.levels.split(",")] if a.levels else [0, 7 * a.prompt_tokens]
+    names = {lv: ("empty" if lv == 0 else "full") if not a.levels else str(lv) for lv in levels}
+    rows: dict[str, list[float]] = {names[lv]: [] for lv in levels}
     try:
         for r in range(a.rounds):
-            for kind in ("empty", "full") if r % 2 == 0 else ("full", "empty"):
+            shift = r % len(levels)
+            for lv in levels[shift:] + levels[:shift]:
                 engine.scheduler.evict_free()
                 engine.runner.clear()
-                if kind == "full":
-                    await fill(engine, model, 7, a.prompt_tokens)
+                if lv:
+                    await fill(engine, model, 7, lv // 7)
                 cells = held(engine)
                 t = await tpot(engine, prompt, a.tokens)
-                rows[kind].append(t)
-                print(f"round {r} {kind:5s}: cells held by idle slots {cells:6d}, "
-                      f"TPOT {1000 * t:6.2f} ms")
+                rows[names[lv]].append(t)
+                print(f"round {r} {names[lv]:5s}: cells held by idle slots {cells:6d}, "
+                      f"TPOT {1000 * t:6.2f} ms", flush=True)
     finally:
         engine.close()
         model.close()
@@ -76,6 +84,7 @@ def main() -> None:
     p.add_argument("--tokens", type=int, default=64)
     p.add_argument("--prompt-tokens", type=int, default=1500)
     p.add_argument("--rounds", type=int, default=4)
+    p.add_argument("--levels", default=None, help="idle cells in all, comma-separated (a curve)")
     asyncio.run(main_async(p.parse_args()))
 
 
