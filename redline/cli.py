@@ -142,7 +142,7 @@ def precompute(args: argparse.Namespace) -> int:
 
     import httpx
 
-    from redline.cache.precompute import answer, most_frequent, read_requests
+    from redline.cache.precompute import Outcome, answer, most_frequent, read_requests
 
     cfg = load_config(args.config)
     top = most_frequent(read_requests(args.source, args.model, args.max_tokens), args.top)
@@ -150,7 +150,7 @@ def precompute(args: argparse.Namespace) -> int:
     if cfg.store.url and cfg.store.url.startswith("memory:") and not args.url:
         print("warning: store.url is memory://, answers vanish when this command ends")
 
-    async def run() -> object:
+    async def run() -> Outcome:
         if args.url:
             async with httpx.AsyncClient(base_url=args.url, timeout=600) as client:
                 return await answer(client, top, headers)
@@ -161,7 +161,7 @@ def precompute(args: argparse.Namespace) -> int:
 
     outcome = asyncio.run(run())
     print(f"asked {len(top)} distinct questions (of {sum(n for n, _ in top)} in the log's top "
-          f"{args.top}): {dict(outcome.results)}")  # type: ignore[attr-defined]
+          f"{args.top}): {dict(outcome.results)}")
     return 0
 
 

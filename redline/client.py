@@ -125,7 +125,7 @@ def stream_chat(client: OpenAI, *, max_resumes: int = 5, backoff_s: float = 0.05
     body, options = _request(params)
     position = _Position()
     retries = _Retries(max_resumes, backoff_s)
-    stream: _TrackedStream | None = client.post(  # type: ignore[call-overload]
+    stream: _TrackedStream | None = client.post(  # type: ignore[call-overload]  # openai's own stream_cls hook
         "/chat/completions", body=body, options=options, cast_to=ChatCompletionChunk,
         stream=True, stream_cls=_TrackedStream)
     while True:
@@ -143,7 +143,7 @@ def stream_chat(client: OpenAI, *, max_resumes: int = 5, backoff_s: float = 0.05
                 return
         time.sleep(retries.next_wait(position, error))
         try:
-            stream = client.get(f"/streams/{position.stream_id}",  # type: ignore[call-overload]
+            stream = client.get(f"/streams/{position.stream_id}",  # type: ignore[call-overload]  # openai's own stream_cls hook
                                 options=_resume_options(options, position),
                                 cast_to=ChatCompletionChunk, stream=True, stream_cls=_TrackedStream)
         except _BROKEN:
@@ -156,7 +156,7 @@ async def astream_chat(client: AsyncOpenAI, *, max_resumes: int = 5, backoff_s: 
     body, options = _request(params)
     position = _Position()
     retries = _Retries(max_resumes, backoff_s)
-    stream: _AsyncTrackedStream | None = await client.post(  # type: ignore[call-overload]
+    stream: _AsyncTrackedStream | None = await client.post(  # type: ignore[call-overload]  # openai's own stream_cls hook
         "/chat/completions", body=body, options=options, cast_to=ChatCompletionChunk,
         stream=True, stream_cls=_AsyncTrackedStream)
     while True:
@@ -175,7 +175,7 @@ async def astream_chat(client: AsyncOpenAI, *, max_resumes: int = 5, backoff_s: 
                 return
         await asyncio.sleep(retries.next_wait(position, error))
         try:
-            stream = await client.get(  # type: ignore[call-overload]
+            stream = await client.get(  # type: ignore[call-overload]  # openai's own stream_cls hook
                 f"/streams/{position.stream_id}", options=_resume_options(options, position),
                 cast_to=ChatCompletionChunk, stream=True, stream_cls=_AsyncTrackedStream)
         except _BROKEN:

@@ -28,7 +28,7 @@ class _NoExtra(dict[str, Any]):
     """The shared empty `extra`: a dict (JSON encoders take it as one) that cannot change,
     and hashable (a dataclass default must be)."""
 
-    def __hash__(self) -> int:  # type: ignore[override]
+    def __hash__(self) -> int:  # type: ignore[override]  # dict sets it to None; this one is immutable
         return 0
 
     def _frozen(self, *_: Any, **__: Any) -> Any:
@@ -133,11 +133,14 @@ class FunctionTool:
     extra: Extra = NO_EXTRA
 
 
+ToolChoiceMode = Literal["none", "auto", "required", "function"]
+
+
 @dataclass(frozen=True)
 class ToolChoice:
     """`none`, `auto`, `required`, or `function` (then `name` is the one to call)."""
 
-    mode: Literal["none", "auto", "required", "function"]
+    mode: ToolChoiceMode
     name: str | None = None
 
 

@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.types import Send
 
 from redline.errors import InvalidRequest, RedlineError
+from redline.routing.names import parse_tier
 from redline.types import (
     ChoiceAnswer,
     ContentPart,
@@ -29,9 +30,13 @@ from redline.types import (
     SamplingParams,
     ToolCall,
     ToolChoice,
+    ToolChoiceMode,
     Usage,
 )
 
+# Anthropic's tool_choice types as the OpenAI modes
+_MODES: dict[str, ToolChoiceMode] = {"auto": "auto", "any": "required", "tool": "function",
+                                     "none": "none"}
 STOP: dict[str, str] = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use",
                         "content_filter": "refusal", "cancelled": "end_turn",
                         "error": "end_turn", "function_call": "tool_use"}
@@ -115,11 +120,11 @@ class MessagesRequest(BaseModel):
         choice, parallel = None, None
         if self.tool_choice is not None:
             c = self.tool_choice
-            mode = {"auto": "auto", "any": "required", "tool": "function", "none": "none"}[c.type]
+            mode = _MODES[c.type]
             if mode == "function" and c.name not in {t.name for t in tools}:
                 raise InvalidRequest("tool_choice names a tool that is not in tools.",
                                      param="tool_choice.name")
-            choice = ToolChoice(mode, c.name if mode == "function" else None)  # type: ignore[arg-type]
+            choice = ToolChoice(mode, c.name if mode == "function" else None)
             parallel = False if c.disable_parallel_tool_use else None
         user = (self.metadata or {}).get("user_id")
         gen = GenerationRequest(
@@ -128,7 +133,7 @@ class MessagesRequest(BaseModel):
                                     temperature=1.0 if self.temperature is None else self.temperature,
                                     top_p=1.0 if self.top_p is None else self.top_p,
                                     top_k=self.top_k or 0, stop=tuple(self.stop_sequences or ())),
-            tier=None if tier in (None, "auto") else tier,  # type: ignore[arg-type]
+            tier=parse_tier(tier),
             tenant=tenant, use_cache=self.cache is not False and not no_cache and not tools,
             user=str(user) if user is not None else None, tools=tuple(tools), tool_choice=choice,
             parallel_tool_calls=parallel)

@@ -129,7 +129,7 @@ def document(app: FastAPI, config: AuthConfig) -> None:
         app.openapi_schema = spec
         return spec
 
-    app.openapi = openapi  # type: ignore[method-assign]
+    app.openapi = openapi  # type: ignore[method-assign]  # FastAPI's documented way to extend the schema
 
 
 __all__ = ["ANONYMOUS", "Auth", "KeyRing", "ManagedKeys", "digest", "document", "is_admin",

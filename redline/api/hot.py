@@ -26,6 +26,7 @@ from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from redline.api import openai_routes
+from redline.api.chunks import Kind
 from redline.api.errors import answer, invalid_body
 from redline.api.middleware import send_error
 from redline.api.schemas import ChatCompletionRequest, CompletionRequest
@@ -35,7 +36,7 @@ from redline.errors import RedlineError, RequestTimeout
 if TYPE_CHECKING:
     from redline.api.services import Services
 
-ROUTES: dict[str, tuple[type[ChatCompletionRequest] | type[CompletionRequest], str]] = {
+ROUTES: dict[str, tuple[type[ChatCompletionRequest] | type[CompletionRequest], Kind]] = {
     "/v1/chat/completions": (ChatCompletionRequest, "chat"),
     "/v1/completions": (CompletionRequest, "text")}
 

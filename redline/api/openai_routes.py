@@ -10,7 +10,7 @@ from fastapi.responses import Response
 from starlette.types import Scope
 
 from redline.api import capabilities, jobs_routes, sse, stream_takeover
-from redline.api.chunks import ChunkEncoder
+from redline.api.chunks import ChunkEncoder, Kind
 from redline.api.schemas import ChatCompletionRequest, CompletionRequest
 from redline.api.services import Services, services_of
 from redline.api.tenant import tenant_from
@@ -80,7 +80,7 @@ async def completions(body: CompletionRequest, request: Request) -> Response:
 
 
 async def serve(services: Services, request: Request,
-                body: ChatCompletionRequest | CompletionRequest, gen_kind: str) -> Response:
+                body: ChatCompletionRequest | CompletionRequest, gen_kind: Kind) -> Response:
     """Answer a completion request whose body has validated (from the hot routes,
     api/hot.py, or the FastAPI routes above), its text checked: pydantic-core's JSON
     parser (the hot routes) refuses lone surrogates, the routes above check for them."""
@@ -142,7 +142,7 @@ async def serve(services: Services, request: Request,
         live = streams.start(stream_id, events, tenant=gen.tenant, first=first,
                              presence=gen.presence)
         return sse.EventStream(streams.follow(live), headers=headers, first_ready=bool(first))
-    encoder = ChunkEncoder(gen_kind, gen.id, completion.model)  # type: ignore[arg-type]
+    encoder = ChunkEncoder(gen_kind, gen.id, completion.model)
     got = [chunk async for chunk in completion.chunks]
     payload = encoder.full(assemble(got, gen.choices), completion.usage,
                            completion.finish_reason or "stop")
@@ -156,10 +156,10 @@ class _StreamParts:
 
     __slots__ = ("model", "tier", "encoder", "progress")
 
-    def __init__(self, gen: Any, gen_kind: str, include_usage: bool, streams: StreamManager,
+    def __init__(self, gen: Any, gen_kind: Kind, include_usage: bool, streams: StreamManager,
                  model: str, tier: str) -> None:
         self.model, self.tier = model, tier
-        self.encoder = ChunkEncoder(gen_kind, gen.id, model, include_usage)  # type: ignore[arg-type]
+        self.encoder = ChunkEncoder(gen_kind, gen.id, model, include_usage)
         self.progress = streams.progress(gen, model, tier)
 
 

@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from redline.api import schemas
 from redline.errors import InvalidRequest
+from redline.routing.names import parse_tier
 from redline.types import (
     ContentPart,
     FunctionTool,
@@ -214,7 +215,7 @@ def generation(body: ResponsesRequest, items: list[dict[str, Any]], tier: str | 
             max_tokens=body.max_output_tokens or schemas.DEFAULT_MAX_TOKENS,
             temperature=1.0 if body.temperature is None else body.temperature,
             top_p=1.0 if body.top_p is None else body.top_p),
-        tier=None if tier in (None, "auto") else tier,  # type: ignore[arg-type]
+        tier=parse_tier(tier),
         tenant=tenant, use_cache=body.cache is not False and not no_cache and not tools,
         user=body.user, tools=tools, tool_choice=_tool_choice(body.tool_choice, tools),
         parallel_tool_calls=body.parallel_tool_calls,

@@ -26,6 +26,7 @@ from redline.types import (
     SamplingParams,
     ToolCall,
     ToolChoice,
+    ToolChoiceMode,
 )
 from redline.types import (
     ContentPart as Part,
@@ -168,7 +169,7 @@ class _SamplingFields(_Open):
     def _request(self, tier: str | None, tenant: str, no_cache: bool, sampling: SamplingParams,
                  **fields: Any) -> GenerationRequest:
         gen = GenerationRequest(
-            model=self.model, sampling=sampling, tier=_tier(tier), tenant=tenant,
+            model=self.model, sampling=sampling, tier=parse_tier(tier), tenant=tenant,
             use_cache=self.cache is not False and not no_cache, user=self.user,
             allow_background=self.allow_background, extra=self._extra(), **fields)
         # answers the cache cannot hold (several choices or prompts, logprobs, tool calls)
@@ -265,13 +266,17 @@ def _tool_choice(raw: str | dict[str, Any] | None,
     return named_tool(name, tools, "tool_choice")
 
 
+_STRING_MODES: dict[str, ToolChoiceMode] = {"none": "none", "auto": "auto", "required": "required"}
+
+
 def tool_choice_mode(raw: str, tools: tuple[FunctionTool, ...]) -> ToolChoice:
     """`tool_choice` given as a string (chat completions and the Responses API alike)."""
-    if raw not in ("none", "auto", "required"):
+    mode = _STRING_MODES.get(raw)
+    if mode is None:
         raise InvalidRequest(f"Invalid value for 'tool_choice': {raw!r}.", param="tool_choice")
-    if raw == "required" and not tools:
+    if mode == "required" and not tools:
         raise InvalidRequest("tool_choice 'required' needs tools.", param="tool_choice")
-    return ToolChoice(raw)  # type: ignore[arg-type]
+    return ToolChoice(mode)
 
 
 def named_tool(name: str, tools: tuple[FunctionTool, ...], param: str) -> ToolChoice:
@@ -328,7 +333,7 @@ def _schema_error(canonical: bytes) -> str | None:
     check against the 2020-12 metaschema costs ~3 ms, and clients resend the same tools
     with every turn."""
     # imported here: only requests with schemas pay for it (no type stubs are installed)
-    import jsonschema  # type: ignore[import-untyped,unused-ignore]
+    import jsonschema  # type: ignore[import-untyped,unused-ignore]  # stubs only with types-jsonschema
 
     schema = orjson.loads(canonical)
     try:
@@ -338,5 +343,3 @@ def _schema_error(canonical: bytes) -> str | None:
     return None
 
 
-def _tier(value: str | None) -> Any:
-    return parse_tier(value)  # routing/names.py: the one tier parser

@@ -83,7 +83,7 @@ class _HeaderDeadline:
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # the uvicorn protocol's, after this mixin in the class's bases (mypy sees object's)
-        super().connection_made(transport)  # type: ignore[misc]
+        super().connection_made(transport)  # type: ignore[misc]  # a mixin: see the line above
         if len(self.connections) > self.max_connections:
             self.app = _overloaded  # this connection's request gets a 503, then it closes
         self._arm()

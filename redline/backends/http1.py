@@ -64,7 +64,7 @@ class Http1Connection(asyncio.Protocol):
 
     # -- asyncio.Protocol -----------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
+        self.transport = transport  # type: ignore[assignment]  # a stream connection's: a Transport
 
     def data_received(self, data: bytes) -> None:
         self._last_rx = self.loop.time()

@@ -12,6 +12,7 @@ from typing import Any
 from redline.types import (
     NO_EXTRA,
     ContentPart,
+    Extra,
     FinishReason,
     FunctionTool,
     GenerationRequest,
@@ -155,9 +156,9 @@ def tool_call_deltas(raw: Any) -> tuple[ToolCallDelta, ...]:
     return tuple(out)
 
 
-def delta_extra(delta: dict[str, Any]) -> dict[str, Any]:
+def delta_extra(delta: dict[str, Any]) -> Extra:
     return {k: v for k, v in delta.items() if k not in _DELTA_KNOWN and v is not None} \
-        or NO_EXTRA  # type: ignore[return-value]
+        or NO_EXTRA
 
 
 def usage(u: dict[str, Any]) -> Usage:

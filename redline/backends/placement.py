@@ -80,8 +80,8 @@ def rank(policy: Policy, loads: Sequence[int], hits: Sequence[int], turn: int,
         over = loads[i] + 1 > cap
         if over:  # only as a last resort, least loaded first
             return (True, float(loads[i]), 0, rotation(i))
-        if new:
-            return (False, 0.0, -homes[i], rotation(i))  # type: ignore[index]
+        if new and homes is not None:
+            return (False, 0.0, -homes[i], rotation(i))
         return (False, weights.load_cost_blocks * loads[i] - hits[i], loads[i], rotation(i))
 
     return sorted(range(n), key=key)

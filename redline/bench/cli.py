@@ -12,6 +12,7 @@ import asyncio
 import json
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 from redline.bench.loadgen import Body, RunResult, Sample, Target, run_closed, run_poisson
@@ -47,7 +48,7 @@ def system_prompt(n_words: int) -> str:
     return " ".join(words[i % len(words)] for i in range(n_words))
 
 
-def make_bodies(args: argparse.Namespace):  # type: ignore[no-untyped-def]
+def make_bodies(args: argparse.Namespace) -> Callable[[int], Body]:
     system = system_prompt(args.system_words) if args.system_words else None
 
     def body(i: int) -> Body:

@@ -34,7 +34,7 @@ from redline.engine.scheduler import KVOps, ScheduledBatch, Scheduler
 from redline.engine.sequence import Sequence
 from redline.engine.speculative import NgramSettings
 from redline.errors import EngineDead
-from redline.types import Chunk, Presence, SamplingParams, StageTimings, Usage, new_id
+from redline.types import Chunk, FinishReason, Presence, SamplingParams, StageTimings, Usage, new_id
 
 log = logging.getLogger(__name__)
 
@@ -278,7 +278,7 @@ class Engine:
         first = seq.first_token_at is None
         if first:
             seq.first_token_at = now
-        reason = None
+        reason: FinishReason | None = None
         text = ""
         kept = not (self.model.is_eog(token) and not seq.sampling.ignore_eos)
         if not kept:
@@ -319,11 +319,10 @@ class Engine:
         t.add("detokenize", seq.detok_s)
         return t
 
-    def _final(self, seq: Sequence, reason: str, text: str, tokens: int = 0) -> Chunk:
+    def _final(self, seq: Sequence, reason: FinishReason, text: str, tokens: int = 0) -> Chunk:
         t = self._timings(seq, time.perf_counter())
         usage = Usage(len(seq.prompt), len(seq.output), cached_tokens=seq.cached)
-        return Chunk(text=text, tokens=tokens, finish_reason=reason, usage=usage,  # type: ignore[arg-type]
-                     timings=t)
+        return Chunk(text=text, tokens=tokens, finish_reason=reason, usage=usage, timings=t)
 
 
 def _dispatch(items: list[tuple[Sequence, Chunk]]) -> None:

@@ -18,6 +18,8 @@ from redline.errors import InvalidRequest
 from redline.types import Message
 
 _BACKEND_READY = False
+# ctypes callbacks must outlive their registration: the log callback is kept here
+_KEPT_CALLBACKS: list[object] = []
 
 
 def _quiet_logs() -> None:
@@ -29,8 +31,7 @@ def _quiet_logs() -> None:
     def _drop(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
         return None
 
-    # keep a reference: ctypes callbacks must outlive their registration
-    _quiet_logs.callback = _drop  # type: ignore[attr-defined]
+    _KEPT_CALLBACKS.append(_drop)
     ll.llama_log_set(_drop, ctypes.c_void_p())
     ll.llama_backend_init()
     _BACKEND_READY = True

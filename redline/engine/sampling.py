@@ -63,7 +63,7 @@ class Sampler:
         if p.logit_bias:
             biases = (ll.llama_logit_bias * len(p.logit_bias))()
             for i, (token, bias) in enumerate(p.logit_bias):
-                biases[i].token = int(token)  # type: ignore[assignment]
+                biases[i].token = int(token)  # type: ignore[assignment]  # ctypes takes an int (stub: c_int32)
                 # -100/100 ban or force a token, as OpenAI documents
                 biases[i].bias = -math.inf if bias <= -100 else float(bias)
             ll.llama_sampler_chain_add(chain, ll.llama_sampler_init_logit_bias(

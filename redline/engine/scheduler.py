@@ -176,10 +176,10 @@ class Scheduler:
             token = seq.output[-1]
             index = len(entries)
             samplers.append((seq, index))
-            entries.append(BatchEntry(token, seq.n_fed, seq.slot, True))  # type: ignore[arg-type]
+            entries.append(BatchEntry(token, seq.n_fed, seq.seq_id, True))
             draft = self._draft(seq, len(decoding), spare)
             for i, t in enumerate(draft):
-                entries.append(BatchEntry(t, seq.n_fed + 1 + i, seq.slot, True))  # type: ignore[arg-type]
+                entries.append(BatchEntry(t, seq.n_fed + 1 + i, seq.seq_id, True))
             if draft:
                 drafts[index] = draft
                 spare -= len(draft)
@@ -207,7 +207,7 @@ class Scheduler:
                 want = last and i == len(chunk) - 1
                 if want:
                     samplers.append((seq, len(entries)))
-                entries.append(BatchEntry(token, start + i, seq.slot, want))  # type: ignore[arg-type]
+                entries.append(BatchEntry(token, start + i, seq.seq_id, want))
             fed.append((seq, chunk))
         return ScheduledBatch(entries, samplers, fed, kv, n_decode, drafts)
 
@@ -327,7 +327,7 @@ class Scheduler:
         """`seq` gives its slot away and waits again, keeping its output and sampler; its
         slot's cells stay as a free slot's cached prefix (reused if still there)."""
         self.running.remove(seq)
-        slot = self.slots[seq.slot]  # type: ignore[index]
+        slot = self.slots[seq.seq_id]
         slot.owner = None
         slot.last_used = time.perf_counter()
         seq.preempted()
@@ -389,7 +389,7 @@ class Scheduler:
         """The decode ran: the fed tokens are now in the KV cache."""
         for seq, tokens in batch.fed:
             seq.n_fed += len(tokens)
-            self.slots[seq.slot].tokens.extend(tokens)  # type: ignore[index]
+            self.slots[seq.seq_id].tokens.extend(tokens)
 
     def cached_cells(self) -> int:
         """Cells that free slots keep for prefix reuse."""

@@ -69,6 +69,13 @@ class Sequence:
         return (self.prompt + self.output)[: self.prefill_to]
 
     @property
+    def seq_id(self) -> int:
+        """Its slot, which is its llama.cpp sequence id: a running sequence has one."""
+        if self.slot is None:
+            raise RuntimeError(f"sequence {self.id} is not running: it has no slot")
+        return self.slot
+
+    @property
     def in_prefill(self) -> bool:
         return self.n_fed < self.prefill_to
 

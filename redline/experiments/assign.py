@@ -52,4 +52,4 @@ def apply(arm: ArmConfig, request: GenerationRequest) -> None:
     if arm.tier is not None:
         request.tier = arm.tier
     if arm.sampling:
-        request.sampling = dataclasses.replace(request.sampling, **arm.sampling)  # type: ignore[arg-type]
+        request.sampling = dataclasses.replace(request.sampling, **arm.sampling)  # type: ignore[arg-type]  # keys checked by the config

@@ -14,7 +14,7 @@ from typing import Any
 
 from redline.errors import RedlineError
 from redline.jobs.files import FileStore
-from redline.jobs.model import Job
+from redline.jobs.model import Job, Status
 from redline.jobs.records import RecordStore
 from redline.jobs.runner import Gate, run_request
 from redline.jobs.spec import JobSpec
@@ -107,7 +107,7 @@ class BatchRunner:
     def _key(self, batch_id: str, i: int) -> str:
         return f"bline:{batch_id}:{i}"
 
-    async def run(self, job: Job, ctx: RunContext) -> tuple[str, dict[str, Any]]:
+    async def run(self, job: Job, ctx: RunContext) -> tuple[Status, dict[str, Any]]:
         """Answer the lines still missing, then write the files. Returns the final status
         ("succeeded" or "cancelled") and the batch meta to record."""
         content = await self.files.content(job.spec["input_file_id"], job.tenant) or b""

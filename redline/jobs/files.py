@@ -46,11 +46,13 @@ class FileStore:
         def create() -> dict[str, Any]:
             existing = self.records.get(META + file_id)
             if existing is not None:
-                return json.loads(existing)  # type: ignore[no-any-return]
+                found: dict[str, Any] = json.loads(existing)
+                return found
             self.records.put(DATA + file_id, content)  # data before meta: meta means complete
             self.records.transact(META + file_id, lambda old: None if old is not None else
                                   Write(json.dumps(meta).encode(), _indexes(meta, now)))
-            return json.loads(self.records.get(META + file_id) or b"{}")  # type: ignore[no-any-return]
+            made: dict[str, Any] = json.loads(self.records.get(META + file_id) or b"{}")
+            return made
 
         return public(await asyncio.to_thread(create))
 

@@ -48,7 +48,7 @@ class RedisRecords:
     @_unavailable
     def get(self, key: str) -> bytes | None:
         value = self._r.get(self._k(key))
-        return None if value is None else bytes(value)  # type: ignore[arg-type]
+        return None if value is None else bytes(value)  # type: ignore[arg-type]  # redis-py types replies loosely
 
     @_unavailable
     def put(self, key: str, value: bytes) -> None:
@@ -64,9 +64,9 @@ class RedisRecords:
         with self._r.pipeline() as pipe:
             while True:
                 try:
-                    pipe.watch(k)  # type: ignore[no-untyped-call]
+                    pipe.watch(k)  # type: ignore[no-untyped-call]  # redis-py's pipeline is untyped
                     old = pipe.get(k)
-                    write = fn(None if old is None else bytes(old))  # type: ignore[arg-type]
+                    write = fn(None if old is None else bytes(old))  # type: ignore[arg-type]  # as in get()
                     if write is None:
                         pipe.unwatch()
                         return None

@@ -31,7 +31,7 @@ def matcher(cron: str) -> Callable[[dt.datetime], bool]:
     if len(fields) != 5:
         raise ValueError(f"cron {cron!r}: 5 fields are needed (minute hour day month weekday)")
     minute, hour, day, month, weekday = fields
-    return crontab(minute, hour, day, month, weekday)  # type: ignore[no-any-return]
+    return crontab(minute, hour, day, month, weekday)  # type: ignore[no-any-return]  # huey is untyped
 
 
 class Scheduler:

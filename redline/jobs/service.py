@@ -250,7 +250,7 @@ class JobService:
     async def _run(self, job: Job, ctx: RunContext) -> Outcome:
         if job.kind == "batch":
             status, meta = await self.batches.run(job, ctx)
-            return Outcome(status, meta=meta)  # type: ignore[arg-type]
+            return Outcome(status, meta=meta)
         if job.kind == "response" and self.respond is not None:
             return await self.respond(job, ctx)
         result = await run_request(self.pipeline, JobSpec.from_dict(job.spec), self.gate)

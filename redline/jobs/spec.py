@@ -7,6 +7,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
 from redline.errors import InvalidRequest
+from redline.routing.names import parse_tier
 from redline.types import GenerationRequest, Message, SamplingParams
 
 Endpoint = Literal["chat", "text"]
@@ -49,7 +50,7 @@ class JobSpec:
             model=self.model, sampling=SamplingParams(**sampling),
             messages=None if self.messages is None else
             tuple(Message(r, c) for r, c in self.messages),
-            prompt=self.prompt, tier=self.tier,  # type: ignore[arg-type]
+            prompt=self.prompt, tier=parse_tier(self.tier),
             tenant=self.tenant, use_cache=self.use_cache, user=self.user)
 
     def to_dict(self) -> dict[str, Any]:

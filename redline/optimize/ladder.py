@@ -13,7 +13,7 @@ from typing import Protocol
 from redline.optimize.evalset import EvalSet
 from redline.optimize.gate import Gate
 from redline.optimize.quality import Quality, measure
-from redline.optimize.runner import ModelRunner
+from redline.optimize.runner import ModelRunner, TokenScores
 from redline.optimize.speed import Speed, measure_speed
 
 log = logging.getLogger(__name__)
@@ -70,7 +70,8 @@ class Report:
 
 
 def _measure(c: Candidate, ids: list[int] | None, ev: EvalSet,
-             ref: tuple[object, list[str]] | None, step: str = "") -> tuple[Result, object, list[int]]:
+             ref: tuple[TokenScores, list[str]] | None,
+             step: str = "") -> tuple[Result, TokenScores, list[int]]:
     """`step`: "[i/n]" for the progress lines (each variant takes minutes)."""
     t0 = time.perf_counter()
     log.info("%s %s: building and loading", step, c.name)
@@ -80,7 +81,7 @@ def _measure(c: Candidate, ids: list[int] | None, ev: EvalSet,
         ids = ids if ids is not None else runner.tokenize(ev.heldout)
         log.info("%s %s: quality (%d held-out tokens, %d questions)", step, c.name, len(ids),
                  len(ev.questions))
-        quality, scores = measure(runner, ids, ev, ref)  # type: ignore[arg-type]
+        quality, scores = measure(runner, ids, ev, ref)
         t2 = time.perf_counter()
         log.info("%s %s: speed", step, c.name)
         speed = measure_speed(runner, ids)

@@ -45,24 +45,25 @@ def plan(tier: str, budget: TierBudget, candidates: Sequence[str],
     `crowded`: models that share cores with no room for a dearer model now; with
     `within_s`, of those only the cheapest a token is considered (moving work onto a
     dearer model on the same cores adds no capacity, it only takes more of it)."""
-    preds = {m: predict(m) for m in candidates}
-    alive = [m for m in candidates if preds[m] is not None]
+    predicted = {m: predict(m) for m in candidates}
+    preds = {m: p for m, p in predicted.items() if p is not None}
+    alive = [m for m in candidates if m in preds]
     if not alive:  # every breaker open: try in order anyway, half-open may let one through
         return Plan(tuple(candidates), None, None, degraded=True)
     later: list[str] = []
     if within_s is not None:
         shared = [m for m in alive if m in crowded]
-        cheapest = min(shared, key=lambda m: preds[m].tpot_s) if shared else None  # type: ignore[union-attr]
+        cheapest = min(shared, key=lambda m: preds[m].tpot_s) if shared else None
         later = [m for m in alive if m in crowded and m != cheapest]  # fallbacks only
         alive = [m for m in alive if m not in later]
         fits = [m for m in alive
-                if preds[m].longest_s(max_tokens) <= within_s]  # type: ignore[union-attr]
+                if preds[m].longest_s(max_tokens) <= within_s]
         if fits:
             later = [m for m in alive if m not in fits] + later
             alive = fits
         else:
-            alive = sorted(alive, key=lambda m: preds[m].longest_s(max_tokens))  # type: ignore[union-attr]
-    p = _plan(tier, budget, alive, preds, max_tokens, tpot_of, shorten)  # type: ignore[arg-type]
+            alive = sorted(alive, key=lambda m: preds[m].longest_s(max_tokens))
+    p = _plan(tier, budget, alive, preds, max_tokens, tpot_of, shorten)
     return dataclasses.replace(p, order=p.order + tuple(later)) if later else p
 
 

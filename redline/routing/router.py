@@ -265,7 +265,7 @@ class Router:
             req = dataclasses.replace(request, sampling=dataclasses.replace(
                 request.sampling, max_tokens=p.max_tokens))
         if req.tier != tier:  # the engine orders its work by the tier it is served in
-            req = dataclasses.replace(req, tier=tier)  # type: ignore[arg-type]
+            req = dataclasses.replace(req, tier=tier)  # type: ignore[arg-type]  # decide() yields S/A/B (the classifier's labels are str)
         return RoutePlan(req, tier, p.order, p.predicted, p.degraded, would_miss,
                          time.perf_counter() - t0)
 
