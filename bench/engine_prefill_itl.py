@@ -108,8 +108,8 @@ async def main() -> None:
     prompt = long_prompt(model, args.prompt)
     slacks = [float(x) for x in args.slack.split(",")]
     modes: dict[str, float | None] = {"fixed": None}
-    for slack in slacks:
-        modes["adaptive" if len(slacks) == 1 else f"adaptive {slack:g}"] = slack
+    for value in slacks:
+        modes["adaptive" if len(slacks) == 1 else f"adaptive {value:g}"] = value
     got: dict[str, tuple[list[float], list[float], list[float]]] = {
         m: ([], [], []) for m in modes}
     try:
