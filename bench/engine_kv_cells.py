@@ -54,8 +54,11 @@ async def main_async(a: argparse.Namespace) -> None:
     model = LlamaModel(path)
     engine = Engine(model, n_ctx_per_seq=2048, n_seq_max=8, n_batch=512, n_threads=a.threads)
     prompt = model.tokenize("Write a long story about a lighthouse keeper.")
-    levels = [int(x) for x in a.levels.split(",")] if a.levels else [0, 7 * a.prompt_tokens]
-    names = {lv: ("empty" if lv == 0 else "full") if not a.levels else str(lv) for lv in levels}
+    if a.levels:
+        names = {int(x): x.strip() for x in a.levels.split(",")}
+    else:
+        names = {0: "empty", 7 * a.prompt_tokens: "full"}
+    levels = list(names)
     rows: dict[str, list[float]] = {names[lv]: [] for lv in levels}
     try:
         for r in range(a.rounds):

@@ -341,5 +341,3 @@ def _schema_error(canonical: bytes) -> str | None:
     except jsonschema.SchemaError as exc:
         return str(exc.message)
     return None
-
-

@@ -74,14 +74,15 @@ def rank(policy: Policy, loads: Sequence[int], hits: Sequence[int], turn: int,
     if policy == "least_loaded":
         return sorted(range(n), key=lambda i: (loads[i], rotation(i)))
     cap = load_cap(loads, weights.load_bound, weights.load_floor)
-    new = homes is not None and not any(hits)
+    # a prefix seen nowhere: rank by home (rendezvous affinity)
+    new_homes = homes if homes is not None and not any(hits) else None
 
     def key(i: int) -> tuple[bool, float, int, int]:
         over = loads[i] + 1 > cap
         if over:  # only as a last resort, least loaded first
             return (True, float(loads[i]), 0, rotation(i))
-        if new and homes is not None:
-            return (False, 0.0, -homes[i], rotation(i))
+        if new_homes is not None:
+            return (False, 0.0, -new_homes[i], rotation(i))
         return (False, weights.load_cost_blocks * loads[i] - hits[i], loads[i], rotation(i))
 
     return sorted(range(n), key=key)

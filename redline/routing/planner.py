@@ -45,8 +45,7 @@ def plan(tier: str, budget: TierBudget, candidates: Sequence[str],
     `crowded`: models that share cores with no room for a dearer model now; with
     `within_s`, of those only the cheapest a token is considered (moving work onto a
     dearer model on the same cores adds no capacity, it only takes more of it)."""
-    predicted = {m: predict(m) for m in candidates}
-    preds = {m: p for m, p in predicted.items() if p is not None}
+    preds = {m: pred for m in candidates if (pred := predict(m)) is not None}
     alive = [m for m in candidates if m in preds]
     if not alive:  # every breaker open: try in order anyway, half-open may let one through
         return Plan(tuple(candidates), None, None, degraded=True)
