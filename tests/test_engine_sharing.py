@@ -1,6 +1,7 @@
 """Both bundled models in one process, as the default config runs them: their engines
-share one StepArbiter, so their llama.cpp decodes never run at the same time, and each
-reports the other's work as its slowdown while both have some."""
+share one StepArbiter, so their llama.cpp decodes never run at the same time, every
+decode runs on the process's one compute thread (one OpenMP team: engine/compute.py),
+and each reports the other's work as its slowdown while both have some."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import pytest
 
 from redline.backends.local import LocalBackend
 from redline.config import ModelConfig
+from redline.engine import llama as llama_module
 from redline.engine.arbiter import StepArbiter
 from redline.engine.engine import Engine
 from redline.types import GenerationRequest, Message, SamplingParams
@@ -36,7 +38,16 @@ def record_decodes(engine: Engine, spans: list[tuple[str, float, float]], name: 
     engine.runner.decode = timed  # type: ignore[method-assign]
 
 
-async def test_two_local_models_never_decode_at_once(tmp_path: Path) -> None:
+async def test_two_local_models_never_decode_at_once(tmp_path: Path,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    decoded_on: set[int] = set()
+    real_decode = llama_module.ll.llama_decode
+
+    def on_thread(ctx, batch):  # type: ignore[no-untyped-def]
+        decoded_on.add(threading.get_ident())
+        return real_decode(ctx, batch)
+
+    monkeypatch.setattr(llama_module.ll, "llama_decode", on_thread)
     arbiter = StepArbiter()
     models_dir = Path(".redline/models")
     smol = LocalBackend(ModelConfig(name="smol", bundled="smollm2-135m-instruct", n_threads=2,
@@ -48,6 +59,7 @@ async def test_two_local_models_never_decode_at_once(tmp_path: Path) -> None:
     spans: list[tuple[str, float, float]] = []
     lock = threading.Lock()
     assert smol.engine is not None and gemma.engine is not None
+    engine_threads = {smol.engine._thread.ident, gemma.engine._thread.ident}
     record_decodes(smol.engine, spans, "smol", lock)
     record_decodes(gemma.engine, spans, "gemma", lock)
     slowdowns: list[float] = []
@@ -83,4 +95,7 @@ async def test_two_local_models_never_decode_at_once(tmp_path: Path) -> None:
     switches = sum(1 for a, b in zip(ordered, ordered[1:], strict=False) if a[0] != b[0])
     assert switches >= 4
     assert arbiter.max_holders_seen == 1
+    # one thread decoded for both engines, and it is neither engine's own thread
+    assert len(decoded_on) == 1
+    assert decoded_on.isdisjoint(engine_threads)
     assert 2.0 in slowdowns  # each saw the other's work while both had some

@@ -14,6 +14,7 @@ from typing import Any
 import llama_cpp as ll
 import numpy as np
 
+from redline.engine import compute
 from redline.errors import InvalidRequest
 from redline.types import Message
 
@@ -166,7 +167,8 @@ class LlamaRunner:
             b.seq_id[i][0] = e.seq_id
             b.logits[i] = 1 if e.logits else 0
         b.n_tokens = len(entries)
-        rc = ll.llama_decode(self.ctx, b)
+        # on the process's one compute thread: one OpenMP team for all models (compute.py)
+        rc = compute.run(ll.llama_decode, self.ctx, b)
         if rc != 0:
             raise RuntimeError(f"llama_decode failed with {rc} (KV cache full?)")
 

@@ -1,0 +1,83 @@
+"""One thread runs every llama.cpp forward pass in the process.
+
+llama.cpp (built with OpenMP, as llama-cpp-python builds it) computes a graph with an
+OpenMP team whose master is the thread that calls `llama_decode`, and every thread
+that has been a master keeps a pool of its own. With two local models, two engine
+threads made two pools; libgomp then counts more of its threads than cores and
+throttles its spin-waits (`gomp_throttled_spin_count`), so each of the hundreds of
+barriers in a forward pass sleeps and wakes through the kernel: one SmolLM2 stream
+decoded at 16.9 ms a token beside an idle Qwen where it takes 10.6 ms alone (issue 23,
+docs/BENCHMARKS.md). The step arbiter already lets one engine step at a time; this
+makes them step on one thread, so the process has one team, whatever the number of
+models (or of engines a test or bench builds).
+
+`run(fn, *args)` calls `fn` on that thread and returns what it returns (or raises what
+it raises); from that thread itself it is a plain call.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+
+class _Job:
+    __slots__ = ("fn", "args", "result", "error", "done")
+
+    def __init__(self, fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
+        self.fn, self.args = fn, args
+        self.result: Any = None
+        self.error: BaseException | None = None
+        self.done = threading.Event()
+
+
+class ComputeThread:
+    """A daemon thread that runs jobs one at a time, in the order they come."""
+
+    def __init__(self, name: str = "llama-compute") -> None:
+        self._cond = threading.Condition()
+        self._jobs: list[_Job] = []
+        self._thread = threading.Thread(target=self._serve, name=name, daemon=True)
+        self._thread.start()
+
+    def run(self, fn: Callable[..., T], *args: Any) -> T:
+        if threading.current_thread() is self._thread:
+            return fn(*args)
+        job = _Job(fn, args)
+        with self._cond:
+            self._jobs.append(job)
+            self._cond.notify()
+        job.done.wait()
+        if job.error is not None:
+            raise job.error
+        result: T = job.result
+        return result
+
+    def _serve(self) -> None:
+        while True:
+            with self._cond:
+                while not self._jobs:
+                    self._cond.wait()
+                job = self._jobs.pop(0)
+            try:
+                job.result = job.fn(*job.args)
+            except BaseException as exc:  # handed to the caller, which raises it
+                job.error = exc
+            job.done.set()
+
+
+_shared: ComputeThread | None = None
+_shared_lock = threading.Lock()
+
+
+def run(fn: Callable[..., T], *args: Any) -> T:
+    """`fn(*args)` on the process's one compute thread (started on first use)."""
+    global _shared
+    if _shared is None:
+        with _shared_lock:
+            if _shared is None:
+                _shared = ComputeThread()
+    return _shared.run(fn, *args)
