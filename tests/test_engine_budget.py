@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from redline.engine.budget import FIRST, FLOOR, PrefillBudget
+from redline.engine.budget import FIRST, FLOOR, WHOLE_S, PrefillBudget
 from redline.engine.scheduler import Scheduler
 from redline.engine.sequence import Sequence
 from redline.types import SamplingParams
@@ -58,6 +58,19 @@ def test_short_prompt_only_steps_do_not_set_the_token_cost() -> None:
     assert b.token_s is None
     b.observe(0, 512, 0.256)
     assert b.token_s == pytest.approx(0.0005)
+
+
+def test_a_prompt_goes_whole_only_when_its_work_is_short_and_measured() -> None:
+    b = PrefillBudget(512, slack=0.5)
+    assert not b.whole(10)  # the cost of a prompt token is not known yet
+    b.observe(7, 0, 0.020)
+    b.observe(7, 64, 0.020 + 64 * 0.0005)
+    fits = int(WHOLE_S / 0.0005)
+    assert b.whole(fits - 1) and not b.whole(fits + 1)
+    fixed = PrefillBudget(512, slack=None)
+    fixed.observe(7, 0, 0.02)
+    fixed.observe(7, 64, 0.052)
+    assert not fixed.whole(10)  # a fixed budget takes the rest of the batch anyway
 
 
 def test_fixed_budget_is_the_rest_of_the_batch() -> None:
@@ -113,3 +126,31 @@ def test_scheduler_splits_a_long_prompt_while_streams_decode(loop) -> None:
             # about 0.5 x 15 ms / 0.5 ms = 15 tokens: each step within 1.5x a decode step
             assert all(FLOOR <= c <= 15 for c in chunks), chunks
             assert all(cost(b) <= 1.5 * decode_only + 1e-9 for b in batches)
+
+
+def test_a_short_prompt_runs_in_one_step_and_a_long_one_is_chunked_to_its_end(loop) -> None:
+    """7 streams decode. A 43-token question finishes its prompt in the step it is
+    admitted to (its first token does not wait for chunks); a 1,500-token prompt is
+    chunked within 1.5x a decode step to its last token."""
+    def cost(batch):  # as above: 0.5 ms a prompt token, so WHOLE_S is 200 tokens
+        return 0.001 + 0.002 * batch.n_decode + 0.0005 * (len(batch.entries) - batch.n_decode)
+
+    decode_only = cost(type("B", (), {"n_decode": 7, "entries": [0] * 7})())
+    s = Scheduler(n_seq_max=9, n_batch=512, budget=PrefillBudget(512, 0.5))
+    for i in range(7):
+        s.add(make(loop, range(10 * i, 10 * i + 10), f"s{i}"))
+    for _ in range(4):
+        step(s, cost)
+    short = make(loop, range(3000, 3043), "short")
+    s.add(short)
+    first = step(s, cost)
+    assert len(first.entries) - first.n_decode == 43
+    assert not short.in_prefill and any(q is short for q, _ in first.samplers)
+    s.finish(short)
+    long = make(loop, range(1000, 2500), "long")
+    s.add(long)
+    batches = []
+    while long.in_prefill:
+        batches.append(step(s, cost))
+    assert len(batches) > 50  # chunked all the way
+    assert all(cost(b) <= 1.5 * decode_only + 1e-9 for b in batches)

@@ -27,7 +27,8 @@ sees the same stream go on, later, with no token lost or repeated.
 
 Prefill budget: while streams decode, a step carries only the prompt tokens that
 `PrefillBudget` allows (engine/budget.py: the streams' inter-token latency stays near
-their TPOT); when nothing decodes, the whole batch.
+their TPOT), except that a read prompt with little work left finishes whole; when
+nothing decodes, the whole batch.
 
 Streams nobody reads run on spare time: their prompts (a recompute after preemption)
 run only in steps nobody reads, and they pause while a read prompt runs, so a newcomer's
@@ -196,10 +197,15 @@ class Scheduler:
                 break
             if not seq.in_prefill or (anyone_reads and seq.unread):
                 continue  # an unread stream's prompt waits for a step nobody reads
-            if seq.scheduled_at is None:
+            first = seq.scheduled_at is None
+            if first:
                 seq.scheduled_at = time.perf_counter()
             start = seq.n_fed
-            end = min(start + budget, seq.prefill_to)
+            take = budget
+            if first and seq.prefill_to - start > budget and not seq.unread \
+                    and self.budget.whole(seq.prefill_to - start):
+                take = self.n_batch - len(entries)  # a short prompt goes whole (budget.py)
+            end = min(start + take, seq.prefill_to)
             chunk = seq.context()[start:end]
             budget -= len(chunk)
             last = end == seq.prefill_to
