@@ -1,10 +1,11 @@
 """One budget for the cores: the local engines of a process take turns to step.
 
-Each embedded engine drives a llama.cpp thread team sized to every core. Two teams
-stepping at once on the same cores do not share them gracefully: each step waits at
-barriers for its slowest thread, and a thread preempted by the other team's holds every
-thread of its own team, so both engines slow down by more than the 2× that sharing
-costs. The arbiter lets one engine step at a time.
+Each embedded engine steps a llama.cpp thread team sized to every core (one team for
+all of them: their forward passes run on one compute thread, engine/compute.py). Two
+teams stepping at once on the same cores do not share them gracefully: each step waits
+at barriers for its slowest thread, and a thread preempted by the other team's holds
+every thread of its own team, so both engines slow down by more than the 2× that
+sharing costs. The arbiter lets one engine step at a time.
 
 Fair by time, not by turn: among the engines waiting, the one that has had the least
 core time (its virtual time, as in Linux's CFS) steps next, so a model in long prefill

@@ -3,7 +3,8 @@
     step():  batch = scheduler.schedule()  →  runner.decode(batch)  →  postprocess(batch)
 
 Every step is taken under a turn of the process's `StepArbiter`, shared by all local
-engines: two engines never run their llama.cpp thread teams on the same cores at once.
+engines, and its forward pass runs on the process's one compute thread
+(engine/compute.py): one llama.cpp thread team for every model, one step at a time.
 
 Requests enter from any thread or event loop through `generate()`, an async
 iterator of `Chunk`s; closing the iterator cancels the sequence, and the slot is
