@@ -142,6 +142,13 @@ def tok_s(run: RunResult) -> float:
     return sum(s.tokens for s in run.samples if s.ok) / run.wall_s if run.wall_s > 0 else 0.0
 
 
+def ratios(runs: list[RunResult], peer: list[RunResult]) -> tuple[float, float]:
+    """tok/s and TTFT p50 against llama-server's: the medians of the per-round ratios."""
+    pairs = list(zip(runs, peer, strict=True))
+    return (statistics.median(tok_s(a) / tok_s(b) for a, b in pairs),
+            statistics.median(ttft_p50(a) / ttft_p50(b) for a, b in pairs))
+
+
 async def measure(targets: list[Target], workload: str, c: int, n: int, rounds: int,
                   max_tokens: int) -> dict[str, list[RunResult]]:
     runs: dict[str, list[RunResult]] = {t.name: [] for t in targets}
@@ -201,9 +208,7 @@ def main() -> int:
                     errors = [s.error for rr in rr_list for s in rr.samples if not s.ok]
                     if errors:
                         print(f"  {name}: {len(errors)} failed, e.g. {errors[0][:300]}", flush=True)
-                pairs = list(zip(red, peer, strict=True))
-                tok_ratio = statistics.median(tok_s(a) / tok_s(b) for a, b in pairs)
-                ttft_ratio = statistics.median(ttft_p50(a) / ttft_p50(b) for a, b in pairs)
+                tok_ratio, ttft_ratio = ratios(red, peer)
                 rows.append((w, c, statistics.median(tok_s(x) for x in red),
                              statistics.median(tok_s(x) for x in peer), tok_ratio,
                              ttft_ratio, failed))
@@ -215,11 +220,9 @@ def main() -> int:
                       f"{f'  FAILED {failed}' if failed else ''}", flush=True)
                 if "redline-base" in runs:
                     base = runs["redline-base"]
+                    base_tok, base_ttft = ratios(base, peer)
                     print(f"{'':6s}      redline-base {statistics.median(tok_s(x) for x in base):6.1f}"
-                          " tok/s  tok/s ratio "
-                          f"{statistics.median(tok_s(a) / tok_s(b) for a, b in zip(base, peer, strict=True)):4.2f}"
-                          "  TTFT p50 ratio "
-                          f"{statistics.median(ttft_p50(a) / ttft_p50(b) for a, b in zip(base, peer, strict=True)):4.2f}",
+                          f" tok/s  tok/s ratio {base_tok:4.2f}  TTFT p50 ratio {base_ttft:4.2f}",
                           flush=True)
     finally:
         for p in procs:

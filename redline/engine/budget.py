@@ -9,12 +9,12 @@ decode-only step (what the streams' TPOT is): their inter-token latency stays wi
 there is no one to stall: the whole batch is the prompt's.
 
 A short prompt goes whole (`whole`): when all of it (what its cached prefix leaves)
-adds at most `WHOLE_S` to a step, it runs in one. Chunked at the budget, a 43-token question took 5-6
-steps beside one decoding stream (a step carries ~8 prompt tokens where each adds ~1 ms
-to a 12 ms step), so its first token came at 1.6x llama-server's, which takes a prompt
-whole; the decoding streams instead see one step up to `WHOLE_S` longer, once. A long
-prompt (the 1,500 tokens of the fairness figure: over a second of work) is chunked as
-before, to its end.
+adds at most `WHOLE_S` to a step, it runs in one. Chunked at the budget, a 43-token
+question took 5-6 steps beside one decoding stream (a step carries ~8 prompt tokens
+where each adds ~1 ms to a 12 ms step), so its first token came at 1.6x llama-server's,
+which takes a prompt whole; the decoding streams instead see one step up to `WHOLE_S`
+longer, once. A long prompt (the 1,500 tokens of the fairness figure: over a second of
+work) is chunked as before, to its end.
 
 Both costs are measured, not configured: an average of decode-only steps' seconds, and
 of the seconds each prompt token adds to a step (weights, threads and cores differ per
@@ -26,7 +26,7 @@ from __future__ import annotations
 ALPHA = 0.2  # weight of the newest step in the running averages
 FIRST = 64  # tokens per step before the costs are known
 FLOOR = 8  # a prompt always advances
-WHOLE_S = 0.1  # a prompt left with at most this much work finishes in one step
+WHOLE_S = 0.1  # a prompt (its uncached part) with at most this much work runs in one step
 
 
 class PrefillBudget:
@@ -47,7 +47,7 @@ class PrefillBudget:
         return max(0, min(room, max(FLOOR, fit)))
 
     def whole(self, left: int) -> bool:
-        """A prompt with `left` tokens to go may finish in this step, past `tokens`."""
+        """A prompt with `left` tokens to compute may run in one step, past `tokens`."""
         return self.slack is not None and self.token_s is not None \
             and left * self.token_s <= WHOLE_S
 

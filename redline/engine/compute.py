@@ -17,6 +17,7 @@ it raises); from that thread itself it is a plain call.
 
 from __future__ import annotations
 
+import queue
 import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -38,8 +39,7 @@ class ComputeThread:
     """A daemon thread that runs jobs one at a time, in the order they come."""
 
     def __init__(self, name: str = "llama-compute") -> None:
-        self._cond = threading.Condition()
-        self._jobs: list[_Job] = []
+        self._jobs: queue.SimpleQueue[_Job] = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._serve, name=name, daemon=True)
         self._thread.start()
 
@@ -47,9 +47,7 @@ class ComputeThread:
         if threading.current_thread() is self._thread:
             return fn(*args)
         job = _Job(fn, args)
-        with self._cond:
-            self._jobs.append(job)
-            self._cond.notify()
+        self._jobs.put(job)
         job.done.wait()
         if job.error is not None:
             raise job.error
@@ -58,10 +56,7 @@ class ComputeThread:
 
     def _serve(self) -> None:
         while True:
-            with self._cond:
-                while not self._jobs:
-                    self._cond.wait()
-                job = self._jobs.pop(0)
+            job = self._jobs.get()
             try:
                 job.result = job.fn(*job.args)
             except BaseException as exc:  # handed to the caller, which raises it
