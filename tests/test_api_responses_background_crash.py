@@ -61,6 +61,8 @@ def test_kill_9_mid_run_and_the_restarted_server_finishes_it(server_factory: Any
         assert done["output_text"] == " ".join(["tok"] * TOKENS)
         assert done["usage"]["output_tokens"] == TOKENS
         assert done["created_at"] == accepted["created_at"]
+        # the worker writes the job's outcome just after the response's end: wait for it
+        wait_until(lambda: c.get(f"/v1/jobs/{rid}").json()["status"] != "running")
         job = c.get(f"/v1/jobs/{rid}").json()
         assert job["status"] == "succeeded" and job["result"]["id"] == rid  # one result
         # its stream (the second run's) replays whole from the restarted server
