@@ -228,3 +228,94 @@ async def test_completion_routes_answer_json_bodies_as_fastapi_would(tmp_path):
             # FastAPI reads a body that is not declared JSON as bytes: not an object
             assert plain.status_code == 400 and plain.json()["error"]["type"] == "invalid_request_error"
             assert (await c.get("/v1/models")).status_code == 200 and routed[-1] == "/v1/models"
+
+
+def _stream_of(n: int, closed: list[str], gap: float = 0.01):
+    async def events():
+        try:
+            for i in range(n):
+                yield f"data: {i}\n\n".encode()
+                await asyncio.sleep(gap)
+        finally:
+            closed.append("closed")
+    return events()
+
+
+def test_client_leaving_ends_the_response_normally_and_closes_the_events():
+    """The watcher sees the disconnect and stops the writer task: the events' iterator
+    is closed (a stream's reader leaves), and the request ends without an error and
+    without a cancellation left on its task."""
+    closed: list[str] = []
+    sent: list[dict] = []
+    left = asyncio.Event()
+
+    async def send(message: dict) -> None:
+        sent.append(message)
+        if len(sent) == 4:  # the head and three events: then the client goes
+            left.set()
+
+    async def receive() -> dict:
+        await left.wait()
+        return {"type": "http.disconnect"}
+
+    async def run() -> int:
+        task = asyncio.current_task()
+        await EventStream(_stream_of(100, closed), first_ready=True)(
+            {"type": "http", "extensions": {}}, receive, send)
+        return task.cancelling()
+
+    assert asyncio.run(run()) == 0
+    assert closed == ["closed"]
+    assert 4 <= len(sent) < 10 and all(m.get("more_body", True) for m in sent[1:])
+
+
+def test_cancelling_the_request_cancels_the_writer_and_closes_the_events():
+    """Shutting down cancels the request's task: the writer it awaits is cancelled too,
+    the events' iterator is closed, and the cancellation propagates."""
+    closed: list[str] = []
+    sent: list[dict] = []
+
+    async def send(message: dict) -> None:
+        sent.append(message)
+
+    async def receive() -> dict:
+        await asyncio.sleep(3600)
+        return {"type": "http.disconnect"}
+
+    async def run() -> None:
+        task = asyncio.create_task(EventStream(_stream_of(1000, closed))(
+            {"type": "http"}, receive, send))
+        while len(sent) < 3:
+            await asyncio.sleep(0.005)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        await asyncio.sleep(0)
+        assert closed == ["closed"]
+        assert len([t for t in asyncio.all_tasks() if t is not asyncio.current_task()]) == 0
+
+    asyncio.run(run())
+
+
+def test_events_after_the_first_go_out_from_one_writer_task():
+    """The head and a ready first event leave from the request's own task (no loop trip
+    before the first token); the rest from one writer task, so an event does not resume
+    the request's whole middleware stack (the CPU per relayed token, docs/BENCHMARKS.md)."""
+    senders: list[asyncio.Task | None] = []
+
+    async def send(message: dict) -> None:
+        senders.append(asyncio.current_task())
+
+    async def receive() -> dict:
+        await asyncio.sleep(3600)
+        return {"type": "http.disconnect"}
+
+    async def run() -> asyncio.Task | None:
+        await EventStream(_stream_of(5, [], gap=0), first_ready=True)(
+            {"type": "http"}, receive, send)
+        return asyncio.current_task()
+
+    own = asyncio.run(run())
+    assert senders[0] is own and senders[1] is own  # the head, the first event
+    writers = set(senders[2:])
+    assert len(senders) == 7 and len(writers) == 1 and own not in writers

@@ -23,17 +23,13 @@ from redline.types import Chunk, GenerationRequest, Usage
 
 
 async def _read(live: LiveStream, got: list[bytes]) -> int:
-    """A reader as follow() runs it: each batch it wakes for is one write to its client.
-    Returns the batches."""
-    live.join()
-    batches = 0
-    try:
-        async for batch in live.batches(0):
-            got.extend(batch)
-            batches += 1
-    finally:
-        live.leave()
-    return batches
+    """A reader as the manager's follow() runs it: each piece it wakes for is one write
+    to its client. Returns the pieces."""
+    pieces = 0
+    async for piece in live.follow(0):
+        got.extend(e + b"\n\n" for e in piece.split(b"\n\n")[:-1])  # back into events
+        pieces += 1
+    return pieces
 
 
 def _events(n: int) -> list[bytes]:

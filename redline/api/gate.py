@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -183,13 +183,14 @@ class ReleaseSlots:
             return
         streamed, status = False, 499  # no answer sent: the client left
 
-        async def watch(message: Message) -> None:
+        def watch(message: Message) -> Awaitable[None]:
+            # not a coroutine of its own: the server's send, as it is, for every event
             nonlocal streamed, status
             if message["type"] == "http.response.start":
                 status = int(message["status"])
                 streamed = any(name == b"content-type" and value.startswith(b"text/event-stream")
                                for name, value in message.get("headers", ()))
-            await send(message)
+            return send(message)
 
         try:
             await self.app(scope, receive, watch)

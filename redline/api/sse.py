@@ -44,9 +44,12 @@ class EventStream(Response):
 
     Starlette's StreamingResponse runs each response in an anyio task group (a task, a
     cancel scope, a task repr on cancel): a tenth of a relayed request's CPU here. This
-    sends from the request's own task, and one watcher task waits for the client's
-    disconnect and cancels the send loop, which closes the iterator (a stream's reader
-    leaves; see streams/manager.py)."""
+    sends the head and a ready first chunk from the request's own task, and the rest
+    from one writer task. The writer's stack is this loop and the iterator: an event
+    wakes it alone, where in the request's task it would resume every middleware of
+    the stack on the way down and up (a dozen frames, each event). One watcher task
+    waits for the client's disconnect and cancels the writer, which closes the
+    iterator (a stream's reader leaves; see streams/manager.py)."""
 
     media_type = "text/event-stream"
 
@@ -64,53 +67,58 @@ class EventStream(Response):
         self.init_headers(headers)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        task = asyncio.current_task()
-        assert task is not None
-        state = {"streaming": True, "gone": False}
-
-        async def watch() -> None:
-            while (await receive())["type"] != "http.disconnect":
-                pass
-            # only while this task waits inside the loop below (one thread: it is
-            # suspended at one of the loop's awaits whenever this runs)
-            if state["streaming"]:
-                state["gone"] = True
-                task.cancel()
-
-        loop = asyncio.get_running_loop()
-        # with the first chunk in hand, the watcher starts after it is written (the
-        # first token's path is short); else now, for a client that leaves before it
-        watcher = None if self.first_ready else loop.create_task(watch())
-        finished = False
+        body = self.body_iterator
         offers = (scope.get("extensions") or {}).get(OFFERS) or {}
         hold = offers.get(HOLD_HEAD) if self.first_ready else None
         release = hold() if hold is not None else None
         try:
             await send({"type": "http.response.start", "status": self.status_code,
                         "headers": self.raw_headers})
-            first = True
-            async for chunk in self.body_iterator:
-                await send({"type": "http.response.body", "body": chunk, "more_body": True})
-                if first:
-                    first = False
-                    if release is not None:  # sent with the head; later chunks go as they come
-                        release()
-                        release = None
-                    if watcher is None:
-                        watcher = loop.create_task(watch())
-            finished = True
-            await send({"type": "http.response.body", "body": b"", "more_body": False})
-        except asyncio.CancelledError:
-            if not state["gone"]:
-                raise
-            task.uncancel()  # the client left: a normal end for this request
+            if self.first_ready:  # there without waiting: out with the head, in one write
+                async for chunk in body:
+                    await send({"type": "http.response.body", "body": chunk,
+                                "more_body": True})
+                    break
+        except BaseException:
+            await _close(body)
+            raise
         finally:
-            if release is not None:
+            if release is not None:  # later chunks go as they come
                 release()
-            state["streaming"] = False
-            if watcher is not None:
-                watcher.cancel()
-        if not finished:
-            close = getattr(self.body_iterator, "aclose", None)
-            if close is not None:
-                await close()
+        loop = asyncio.get_running_loop()
+        writer = loop.create_task(_write(body, send))
+        watcher = loop.create_task(_watch(receive, writer))
+        try:
+            await writer  # this task cancelled (shutting down): so is the writer it awaits
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if (task is not None and task.cancelling()) or not watcher.done():
+                raise
+            # the watcher cancelled the writer: the client left, a normal end
+        finally:
+            watcher.cancel()
+
+
+async def _write(body: AsyncIterator[bytes], send: Send) -> None:
+    """The writer task: the rest of the events, then the body's end. Cancelled (the
+    client left, or shutting down), it closes the iterator."""
+    try:
+        async for chunk in body:
+            await send({"type": "http.response.body", "body": chunk, "more_body": True})
+    except BaseException:
+        await _close(body)
+        raise
+    await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
+async def _watch(receive: Receive, writer: asyncio.Task[None]) -> None:
+    """Waits for the client's disconnect, then cancels the writer."""
+    while (await receive())["type"] != "http.disconnect":
+        pass
+    writer.cancel()
+
+
+async def _close(body: AsyncIterator[bytes]) -> None:
+    close = getattr(body, "aclose", None)
+    if close is not None:
+        await close()

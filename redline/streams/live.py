@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 from redline.types import Presence
 
@@ -53,31 +53,34 @@ class LiveStream:
         self.aborted = aborted
         self._wake()
 
-    async def _more(self) -> None:
-        waiter = asyncio.get_running_loop().create_future()
-        self._waiters.append(waiter)
-        await waiter
-
-    async def read(self, after: int) -> AsyncIterator[bytes]:
-        """Events with seq > `after`, as they come, until the stream is done."""
-        async for batch in self.batches(after):
-            for event in batch:
-                yield event
-
-    async def batches(self, after: int) -> AsyncIterator[list[bytes]]:
-        """The same, as lists of whatever has come since the last one (a reader that
-        woke late gets all it missed at once, in order)."""
-        i = after
-        while True:
-            while i >= len(self.events) and not self.done:
-                await self._more()
-            batch = self.events[i:]
-            done = self.done
-            if batch:
-                i += len(batch)
-                yield batch
-            if done and i >= len(self.events):
-                return
+    async def follow(self, after: int,
+                     left: Callable[[bool, bool], None] | None = None) -> AsyncIterator[bytes]:
+        """One reader: the events with seq > `after` as they come, until the stream is
+        done; whatever came since the last piece as one piece (the same bytes: a
+        reader that woke late writes all it missed at once, in order). It counts as a
+        reader while it runs; when it stops, `left(finished, last)` says whether it
+        read to the end and whether it was the last reader."""
+        self.join()
+        finished = False
+        try:
+            i = after
+            loop = asyncio.get_running_loop()
+            while True:
+                while i >= len(self.events) and not self.done:
+                    waiter = loop.create_future()  # woken by the next push or the end
+                    self._waiters.append(waiter)
+                    await waiter
+                n, done = len(self.events), self.done
+                if n > i:
+                    yield self.events[i] if n == i + 1 else b"".join(self.events[i:n])
+                    i = n
+                if done and i >= len(self.events):
+                    finished = True
+                    return
+        finally:
+            last = self.leave()
+            if left is not None:
+                left(finished, last)
 
     def join(self) -> None:
         self.readers += 1

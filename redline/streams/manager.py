@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 import time
@@ -240,22 +241,17 @@ class StreamManager:
             return self.follow(live, after)
         return self._follow_journal(stream_id, after)
 
-    async def follow(self, live: LiveStream, after: int = 0) -> AsyncIterator[bytes]:
-        """Follow a stream of this process. Leaving early (the client went away)
-        starts the grace period when it was the last reader."""
-        live.join()
-        finished = False
-        try:
-            # what came since the last write goes out as one write (same bytes)
-            async for batch in live.batches(after):
-                yield batch[0] if len(batch) == 1 else b"".join(batch)
-            finished = True
-        finally:
-            last = live.leave()
-            if not finished:  # left before the end (generation may be over)
-                self.metrics.stream_interruptions.inc()
-            if last and not live.done:
-                self._abandon(live)
+    def follow(self, live: LiveStream, after: int = 0) -> AsyncIterator[bytes]:
+        """Follow a stream of this process (what came since the last write goes out as
+        one write). Leaving early (the client went away) starts the grace period when
+        it was the last reader."""
+        return live.follow(after, functools.partial(self._left, live))
+
+    def _left(self, live: LiveStream, finished: bool, last: bool) -> None:
+        if not finished:  # left before the end (generation may be over)
+            self.metrics.stream_interruptions.inc()
+        if last and not live.done:
+            self._abandon(live)
 
     def _abandon(self, live: LiveStream) -> None:
         if live.detached:
