@@ -7,6 +7,8 @@
 
 services.py builds what the routes use, once, and every route reaches it through
 `services_of(request.app)`; errors.py turns every error into OpenAI's shape. A stream's
-events go out through the ASGI `send` of its response (sse.EventStream); the streams
-package never sees a connection.
+events go out through the ASGI `send` of its response (sse.EventStream: the head and a
+ready first event from the request's task, the rest from one writer task, so that an
+event wakes that task alone and not the middleware stack); the streams package never
+sees a connection.
 """
