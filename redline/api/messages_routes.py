@@ -16,6 +16,7 @@ from pydantic import ValidationError
 from redline.api import anthropic, capabilities
 from redline.api.services import services_of
 from redline.api.tenant import tenant_from
+from redline.closing import aclose
 from redline.errors import InvalidRequest, RedlineError
 from redline.pipeline import Completion
 from redline.types import Chunk, assemble
@@ -84,9 +85,7 @@ async def _events(msg_id: str, model: str, c: Completion) -> AsyncIterator[bytes
         yield event("error", anthropic.error_body(500, f"generation failed: {type(exc).__name__}"))
         return
     finally:
-        close = getattr(c.chunks, "aclose", None)
-        if close is not None:
-            await close()
+        await aclose(c.chunks)
     for piece in blocks.close():
         yield piece
     reason = last.finish_reason if last is not None else "stop"

@@ -5,12 +5,12 @@ jobs' worker runs a background one (api/responses_background.py), the same way."
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import AsyncGenerator
 from typing import Any
 
 from redline.api import responses_request as rq
 from redline.api.responses_output import DONE, Output, outcome, response_json
+from redline.closing import aclose
 from redline.pipeline import Completion
 from redline.responses import ResponseRecord, ResponseRecords
 from redline.streams import Progress
@@ -93,10 +93,7 @@ class Run:
         except Exception as exc:  # after the stream began: it ends as response.failed
             self.note("error", f"generation failed: {type(exc).__name__}")
         finally:
-            close = getattr(c.chunks, "aclose", None)
-            if close is not None:
-                with contextlib.suppress(RuntimeError):
-                    await close()
+            await aclose(c.chunks)
         for event in out.close():
             yield event
         try:

@@ -10,6 +10,8 @@ from typing import Any
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
+from redline.closing import aclose
+
 DONE = "[DONE]"
 # What the HTTP server (api/server.py) offers a response: an ASGI extension, a dict in
 # `scope["extensions"][OFFERS]`; absent under any other server (EventStream then just
@@ -80,7 +82,7 @@ class EventStream(Response):
                                 "more_body": True})
                     break
         except BaseException:
-            await _close(body)
+            await aclose(body)
             raise
         finally:
             if release is not None:  # later chunks go as they come
@@ -106,7 +108,7 @@ async def _write(body: AsyncIterator[bytes], send: Send) -> None:
         async for chunk in body:
             await send({"type": "http.response.body", "body": chunk, "more_body": True})
     except BaseException:
-        await _close(body)
+        await aclose(body)
         raise
     await send({"type": "http.response.body", "body": b"", "more_body": False})
 
@@ -116,9 +118,3 @@ async def _watch(receive: Receive, writer: asyncio.Task[None]) -> None:
     while (await receive())["type"] != "http.disconnect":
         pass
     writer.cancel()
-
-
-async def _close(body: AsyncIterator[bytes]) -> None:
-    close = getattr(body, "aclose", None)
-    if close is not None:
-        await close()
