@@ -208,6 +208,13 @@ def main() -> int:
                     errors = [s.error for rr in rr_list for s in rr.samples if not s.ok]
                     if errors:
                         print(f"  {name}: {len(errors)} failed, e.g. {errors[0][:300]}", flush=True)
+                for name, rr_list in runs.items():  # equal work: every answer whole
+                    short = [s.tokens for rr in rr_list for s in rr.samples
+                             if s.ok and s.tokens < 0.9 * args.max_tokens]
+                    if short:
+                        print(f"  {name}: {len(short)} answers shorter than {args.max_tokens} "
+                              f"tokens (e.g. {short[:5]}): the tok/s ratio compares unequal work",
+                              flush=True)
                 tok_ratio, ttft_ratio = ratios(red, peer)
                 rows.append((w, c, statistics.median(tok_s(x) for x in red),
                              statistics.median(tok_s(x) for x in peer), tok_ratio,

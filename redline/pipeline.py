@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Protocol
 
+from redline.backends.base import Calibrates
+from redline.backends.pool import replicas_of
 from redline.cache import CachedAnswer, Lookup, ResponseCache
 from redline.closing import aclose
 from redline.errors import RedlineError
@@ -114,6 +116,12 @@ class Pipeline:
     async def start(self) -> None:
         await asyncio.gather(self.router.start(), *(b.start() for b in self.backends.values()),
                              *([self.cache.start()] if self.cache else []))
+        # step costs measured again with everything loaded and one model at a time: the
+        # planner's forecasts come from them (backends/local.py `calibrate`)
+        for backend in self.backends.values():
+            for replica in replicas_of(backend):
+                if isinstance(replica, Calibrates):
+                    await replica.calibrate()
         for name in self.backends:
             self.metrics.backend_up.labels(name).set(1)
         self.ready = True

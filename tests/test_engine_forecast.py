@@ -116,3 +116,28 @@ def test_unread_streams_cost_a_read_newcomer_nothing(loop: asyncio.AbstractEvent
     assert f.ttft_s(50, "B", gone, []) == pytest.approx(alone)
     away.gone = False  # read again: full slots, it waits for the soonest to end
     assert f.ttft_s(50, "B", gone, []) > alone + 50 * 0.02
+
+
+def test_a_prompt_alone_costs_a_fixed_part_and_a_part_per_token() -> None:
+    f = costed()
+    f.budget.token_s = 0.004  # what a prompt token adds beside decoding streams
+    f.observe_step(0, 20, 0.050)  # a short question: mostly the fixed part
+    assert f.prefill_s(20) is None  # one size seen: no slope yet
+    f.observe_step(0, 400, 0.430)
+    f.observe_step(3, 0, 0.030)  # a decode step teaches the prompt fit nothing
+    f.observe_step(3, 8, 0.060)  # nor does a mixed one
+    # 30 ms + 1 ms a token, from the two prompt-only steps
+    assert f.prefill_s(200) == pytest.approx(0.230)
+    assert f.ttft_s(20, "A", [], []) == pytest.approx(0.050)
+    # past n_batch (512) a prompt takes two steps, each with its fixed part
+    assert f.prefill_s(600) == pytest.approx(0.030 + 0.512 + 0.030 + 0.088)
+
+
+def test_beside_decoding_streams_a_prompt_token_costs_the_mixed_rate(
+        loop: asyncio.AbstractEventLoop) -> None:
+    f = costed(slots=4)
+    f.observe_step(0, 20, 0.050)
+    f.observe_step(0, 400, 0.430)
+    running = [seq(loop, "r1", written=10)]
+    # one stream decodes: the prompt rides its steps at the budget's per-token cost
+    assert f.ttft_s(20, "A", running, []) == pytest.approx(20 * 0.001 + 0.02)

@@ -58,3 +58,36 @@ async def test_forecast_after_warmup_and_when_the_slots_fill() -> None:
         await asyncio.gather(first, second, return_exceptions=True)
     finally:
         await smol.close()
+
+
+async def test_a_cached_system_prompt_is_not_forecast_as_computed_again() -> None:
+    """A long system prompt that many users share stays in the engine's cells: the next
+    user's question is forecast as its own few tokens, not the whole prompt (a forecast of
+    the whole made the planner shorten tier-S answers that had seconds to spare)."""
+    smol = LocalBackend(ModelConfig(name="smol", bundled="smollm2-135m-instruct", n_threads=2,
+                                    n_seq_max=2, n_ctx=1024), Path(".redline/models"))
+    await smol.start()
+    try:
+        await smol.calibrate()  # measured again, alone: the forecasts stay ready
+        system = " ".join(f"Rule {i}: answer the customer politely about order {i}."
+                          for i in range(30))
+
+        def ask(question: str) -> GenerationRequest:
+            return GenerationRequest(model="smol", messages=(Message("system", system),
+                                                             Message("user", question)),
+                                     sampling=SamplingParams(max_tokens=2, temperature=0.0))
+
+        first = ask("Where is my parcel?")
+        n_prompt = len(smol.prompt_tokens(first))
+        assert n_prompt > 300
+        cold = smol.predict_ttft_s(n_prompt, "S", first)
+        async for _ in smol.stream(first):
+            pass
+        second = ask("Can I change the delivery address?")
+        warm = smol.predict_ttft_s(n_prompt, "S", second)
+        by_count = smol.predict_ttft_s(n_prompt, "S")  # no request: the count is all it has
+        assert cold is not None and warm is not None and by_count is not None
+        assert warm < cold / 3, (warm, cold)
+        assert warm < by_count / 3, (warm, by_count)
+    finally:
+        await smol.close()

@@ -352,3 +352,27 @@ def test_without_a_host_cache_nothing_is_saved(loop):
     batch = s.schedule()
     assert not batch.kv.saves and not batch.kv.restores
     assert s.evict_oldest(KVOps()) is None
+
+
+def test_reusable_is_what_a_placement_would_not_compute(loop):
+    """The forecast's view of the prefix cache (`reusable`) agrees with what `_place`
+    then reuses: a slot's cells or a host entry, never the prompt's last token."""
+    host = HostCache(capacity_bytes=1 << 30)
+    s = Scheduler(n_seq_max=2, n_batch=512, host=host)
+    system = list(range(1000, 1300))
+    assert s.reusable(system + [9]) == 0  # nothing cached
+    a = make(loop, system + [1, 2], "a")
+    s.add(a)
+    finish_after_prefill(s, a)  # its slot keeps its cells
+    b_prompt = system + [3, 4]
+    assert s.reusable(b_prompt) == len(system)
+    assert s.reusable(system) == len(system) - 1  # the last token runs for its logits
+    b = make(loop, b_prompt, "b")
+    s.add(b)
+    s.schedule()
+    assert b.reused == len(system)  # what the forecast counted
+    # a prompt only the host cache holds: the host entry counts
+    other = list(range(5000, 5200))
+    host.put(other + [7], "state", 1)
+    assert s.reusable(other + [8]) == len(other)
+    assert Scheduler(n_seq_max=2, n_batch=512, prefix_reuse=False).reusable(system) == 0

@@ -90,7 +90,8 @@ class Forecasting(Sharing):
         super().__init__(*args, **kw)
         self.forecast: float | None = None
 
-    def predict_ttft_s(self, prompt_tokens: int, tier: str | None) -> float | None:
+    def predict_ttft_s(self, prompt_tokens: int, tier: str | None,
+                       request: object = None) -> float | None:
         return self.forecast
 
     def predict_tpot_s(self) -> float | None:

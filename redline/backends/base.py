@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from redline.types import Chunk, GenerationRequest
 
@@ -35,3 +35,12 @@ class Backend(Protocol):
     def load(self) -> int:
         """Requests in flight (for least-loaded choice)."""
         ...
+
+
+@runtime_checkable
+class Calibrates(Protocol):
+    """A backend on this machine's cores (the embedded engine) that measures its step
+    costs again once every backend and cache has loaded, one at a time: its forecasts
+    come from them, and a warm-up beside other loads measures a busy machine."""
+
+    async def calibrate(self) -> None: ...

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections import OrderedDict
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -21,6 +22,8 @@ from redline.errors import ContextLengthExceeded, InvalidRequest, NotReady
 from redline.models import bundled_path, served_path
 from redline.types import Chunk, GenerationRequest, Message, SamplingParams
 
+TOKENIZED_KEPT = 32  # prompts whose tokens stay memoised (a forecast, then the stream)
+
 
 class LocalBackend:
     def __init__(self, cfg: ModelConfig, models_dir: Path, arbiter: StepArbiter | None = None) -> None:
@@ -32,6 +35,9 @@ class LocalBackend:
         self.engine: Engine | None = None
         self.model: LlamaModel | None = None
         self._grammars: set[str] = set()  # grammars llama.cpp has compiled here
+        # prompts tokenized lately, by text: the planner's forecast tokenizes a request's
+        # prompt and its stream, a moment later, finds it here
+        self._tokenized: OrderedDict[tuple[str, bool], list[int]] = OrderedDict()
 
     async def start(self) -> None:
         await asyncio.to_thread(self._load)
@@ -62,20 +68,33 @@ class LocalBackend:
         tokens = self.cfg.prefix_cache_tokens
         return self.cfg.n_ctx if tokens is None else tokens
 
-    async def warmup(self) -> None:
+    async def warmup(self, tag: str = "Warm-up") -> None:
         """Touch every code path once (prefill, batched decode) so the first user
-        does not pay for page faults and first-call allocations."""
+        does not pay for page faults and first-call allocations. `tag` starts the prompts
+        (another tag: prompts no cached prefix holds, whose steps measure a prefill)."""
         # first a prompt long enough that its step teaches the engine what a prompt token
         # costs (engine/budget.py), then batched decode steps: the planner's forecast for
         # this model (engine/forecast.py) is ready before the first request
-        long = "Warm-up: " + ", ".join(f"item {i}" for i in range(48)) + "."
+        long = f"{tag}: " + ", ".join(f"item {i}" for i in range(48)) + "."
         await self._drain(GenerationRequest(model=self.cfg.name, prompt=long,
                                             sampling=SamplingParams(max_tokens=2, temperature=0.0)))
-        prompt = "Warm-up: count from one to ten."
+        prompt = f"{tag}: count from one to ten."
         req = GenerationRequest(model=self.cfg.name, prompt=prompt,
                                 sampling=SamplingParams(max_tokens=24, temperature=0.0))
         n = min(4, self.cfg.n_seq_max)
         await asyncio.gather(*[self._drain(req) for _ in range(n)])
+
+    async def calibrate(self) -> None:
+        """Measure the step costs again now that everything in the process has loaded.
+        The warm-up ran beside the other models' loading and warm-ups and the caches'
+        embedders, and what a step cost then was several times a quiet step: the planner
+        forecast a shared system prompt's answer taking seconds and shortened tier-S
+        answers it need not have (issue 23). The pipeline calls this for one local model
+        at a time, before it reports ready."""
+        if self.engine is None or not self.cfg.warmup:
+            return
+        self.engine.forget_costs()
+        await self.warmup("Calibration")
 
     async def _drain(self, req: GenerationRequest) -> None:
         async for _ in self.stream(req):
@@ -86,11 +105,19 @@ class LocalBackend:
                       prompt: str | None = None) -> list[int]:
         assert self.model is not None
         messages = request.messages if messages is None else messages
+        chat = messages is not None
         if messages is not None:
             text = self.model.render_chat(messages)
-            return self.model.tokenize(text, add_special=False, parse_special=True)
-        prompt = request.prompt if prompt is None else prompt
-        return self.model.tokenize(prompt or "", add_special=True, parse_special=False)
+        else:
+            text = (request.prompt if prompt is None else prompt) or ""
+        key = (text, chat)
+        tokens = self._tokenized.get(key)
+        if tokens is None:
+            tokens = self.model.tokenize(text, add_special=not chat, parse_special=chat)
+            self._tokenized[key] = tokens
+            if len(self._tokenized) > TOKENIZED_KEPT:
+                self._tokenized.popitem(last=False)
+        return list(tokens)
 
     async def stream(self, request: GenerationRequest) -> AsyncIterator[Chunk]:
         if self.engine is None or self.model is None:
@@ -172,9 +199,27 @@ class LocalBackend:
                 "host_restored_tokens": h.restored_tokens if h else 0,
                 "host_bytes": h.used if h else 0}
 
-    def predict_ttft_s(self, prompt_tokens: int, tier: str | None) -> float | None:
-        """For the planner: the engine's forecast from the work it has admitted."""
-        return self.engine.predict_ttft_s(prompt_tokens, tier) if self.engine else None
+    def predict_ttft_s(self, prompt_tokens: int, tier: str | None,
+                       request: GenerationRequest | None = None) -> float | None:
+        """For the planner: the engine's forecast from the work it has admitted; given the
+        request, from its prompt's own tokens, so that a prefix the engine holds (a system
+        prompt many users share) is not forecast as computed again."""
+        if self.engine is None:
+            return None
+        tokens = self._forecast_tokens(request) if request is not None else None
+        return self.engine.predict_ttft_s(prompt_tokens, tier, tokens)
+
+    def _forecast_tokens(self, request: GenerationRequest) -> list[int] | None:
+        """The tokens of a request's one prompt as its stream will send them (None for
+        what the stream prepares further: tools, several prompts, or a request this model
+        refuses, which the stream reports)."""
+        if self.model is None or request.tools or len(request.prompts) > 1 \
+                or (request.is_chat and not self.cfg.has("chat")):
+            return None
+        try:
+            return self.prompt_tokens(request)
+        except InvalidRequest:  # no chat template: the stream says so
+            return None
 
     def cores_busy(self) -> float:
         """For the planner: how much of the shared cores the local engines used lately."""

@@ -36,6 +36,10 @@ class PrefillBudget:
         self.decode_s: float | None = None  # a decode-only step
         self.token_s: float | None = None  # what one prompt token adds to a step
 
+    def forget(self) -> None:
+        """Measure both costs afresh (the first budget until they are known again)."""
+        self.decode_s = self.token_s = None
+
     def tokens(self, decoding: int) -> int:
         """Prompt tokens for the next step, with `decoding` streams decoding in it."""
         room = self.n_batch - decoding

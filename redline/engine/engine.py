@@ -116,19 +116,29 @@ class Engine:
         """The share of the cores this process's local engines used lately."""
         return self.arbiter.utilization()
 
-    def predict_ttft_s(self, prompt_tokens: int, tier: str | None) -> float | None:
+    def predict_ttft_s(self, prompt_tokens: int, tier: str | None,
+                       tokens: list[int] | None = None) -> float | None:
         """This engine's forecast of a new request's TTFT, alone on the cores (None until
-        its step costs are measured). Read from another thread: a snapshot may be torn by
-        a step, which only makes this estimate a step stale."""
+        its step costs are measured). With the prompt's `tokens`, only what no cached
+        prefix holds is computed. Read from another thread: a snapshot may be torn by a
+        step, which only makes this estimate a step stale."""
         for _ in range(3):
             try:
                 running = list(self.scheduler.running)
                 waiting = list(self.scheduler.waiting) + list(self._inbox)
-            except RuntimeError:  # the deque changed under the copy
+                if tokens is not None:
+                    prompt_tokens = len(tokens) - self.scheduler.reusable(tokens)
+            except RuntimeError:  # a deque or the host cache changed under the copy
                 continue
             return self.forecast.ttft_s(prompt_tokens, tier, running, waiting,
                                         self.scheduler.tiers)
         return None
+
+    def forget_costs(self) -> None:
+        """Drop what steps were measured to cost (the prefill budget's and the forecast's
+        averages and fits): the next steps measure them afresh. Call it while idle."""
+        self.scheduler.budget.forget()
+        self.forecast.forget()
 
     def predict_tpot_s(self) -> float | None:
         return self.forecast.tpot_s(min(len(self.scheduler.running) + len(self._inbox),

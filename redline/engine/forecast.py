@@ -10,6 +10,13 @@ full it waits for the soonest of them to finish, which can be seconds. Here the 
 knows its slots, the prompts waiting ahead (by its order of service: a tier-S request
 passes waiting A and B work) and how far each running answer has come.
 
+A prompt computed with nothing decoding beside it runs in prompt-only steps, whose cost
+is learnt as a fixed part plus a part per token (`prefill_s`, fitted on every such step,
+short ones included): a prompt token's cost beside decoding streams (the prefill budget's
+`token_s`) is several times that on a CPU, and a 20-token question after a cached system
+prompt is mostly the fixed part. The engine passes only the tokens it will compute: a
+prefix it holds (a slot's cells, the host cache) costs a copy, not a prefill.
+
 Times are the engine's alone (measured inside its step turns); the planner multiplies
 in what sharing the cores with other local engines costs now.
 """
@@ -35,30 +42,41 @@ class Forecast:
         # a model whose batch grows from 1 to 5 streams decodes each of them slower, and
         # the newcomer is one more
         self._s = [0.0, 0.0, 0.0, 0.0, 0.0]  # Σw, Σw·n, Σw·n², Σw·t, Σw·n·t
+        # the same for a prompt-only step's seconds against its prompt tokens
+        self._p = [0.0, 0.0, 0.0, 0.0, 0.0]
+
+    def forget(self) -> None:
+        """Drop the step fits (the answer length stays: it is the traffic's, not the
+        machine's)."""
+        self._s = [0.0] * 5
+        self._p = [0.0] * 5
 
     def finished(self, n_output: int) -> None:
         self.expected_len += ALPHA * (n_output - self.expected_len)
 
     def observe_step(self, decoding: int, prompt: int, seconds: float) -> None:
-        """A step ran; decode-only ones teach what a step of `decoding` streams costs."""
-        if prompt or not decoding:
-            return
-        s, n = self._s, float(decoding)
-        for i, v in enumerate((1.0, n, n * n, seconds, n * seconds)):
-            s[i] = FORGET * s[i] + v
+        """A step ran; decode-only ones teach what a step of `decoding` streams costs,
+        prompt-only ones what a step of `prompt` tokens costs."""
+        if decoding and not prompt:
+            _learn(self._s, decoding, seconds)
+        elif prompt and not decoding:
+            _learn(self._p, prompt, seconds)
 
     def step_s(self, streams: int) -> float | None:
         """A decode step's seconds with `streams` decoding (alone on the cores): the fit
         when it has seen more than one batch size, else the plain average."""
-        w, sn, snn, st, snt = self._s
-        if w <= 0:
+        if self._s[0] <= 0:
             return self.budget.decode_s
-        det = w * snn - sn * sn
-        if det <= 1e-9 * w * w:  # one batch size seen so far: no slope to learn
-            return st / w
-        slope = max(0.0, (w * snt - sn * st) / det)
-        base = (st - slope * sn) / w
-        return max(1e-4, base + slope * streams)
+        return _fit(self._s, streams)
+
+    def prefill_s(self, tokens: int) -> float | None:
+        """Seconds to compute `tokens` prompt tokens with nothing decoding: chunks of
+        `n_batch`, each a prompt-only step (None until two sizes of step are seen)."""
+        w, sn, snn = self._p[:3]
+        if w <= 0 or w * snn - sn * sn <= 1e-9 * w * w:
+            return None
+        full, rest = divmod(max(1, tokens), self.budget.n_batch)
+        return full * _fit(self._p, self.budget.n_batch) + (_fit(self._p, rest) if rest else 0.0)
 
     def remaining(self, seq: Sequence) -> int:
         """Decode steps `seq` still takes, expected: its share of the average answer, or
@@ -103,7 +121,28 @@ class Forecast:
                 wait = ends[min(behind, len(ends) - 1)] * step
                 rounds = behind // max(1, len(ends))
                 wait += rounds * self.expected_len * step
+        if not running and (alone := self.prefill_s(prompt)) is not None:
+            return wait + alone  # prompt-only steps: nothing decodes beside them
         decoding = min(self.n_slots, len(running))
         per_step = max(1, self.budget.tokens(decoding))
         steps = max(1, math.ceil(prompt / per_step))
         return wait + prompt * token_s + steps * step
+
+
+def _learn(s: list[float], n: int, seconds: float) -> None:
+    """Add (n, seconds) to a forgetting least-squares fit's sums (Σw, Σw·n, Σw·n², Σw·t,
+    Σw·n·t)."""
+    x = float(n)
+    for i, v in enumerate((1.0, x, x * x, seconds, x * seconds)):
+        s[i] = FORGET * s[i] + v
+
+
+def _fit(s: list[float], n: int) -> float:
+    """The fit's seconds at `n` (the plain average while it has seen one `n` only)."""
+    w, sn, snn, st, snt = s
+    det = w * snn - sn * sn
+    if det <= 1e-9 * w * w:  # one size seen so far: no slope to learn
+        return st / w
+    slope = max(0.0, (w * snt - sn * st) / det)
+    base = (st - slope * sn) / w
+    return max(1e-4, base + slope * n)

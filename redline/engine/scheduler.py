@@ -397,6 +397,19 @@ class Scheduler:
             seq.n_fed += len(tokens)
             self.slots[seq.seq_id].tokens.extend(tokens)
 
+    def reusable(self, context: list[int]) -> int:
+        """How many leading tokens of `context` a sequence placed now would not compute:
+        the longest prefix a slot or the host cache holds (all but the last token, which
+        must run to give logits). Read from other threads for forecasts: a torn read only
+        makes the answer a step stale."""
+        if not self.prefix_reuse or not context:
+            return 0
+        limit = len(context) - 1
+        held = max(min(common_prefix(s.tokens, context), limit) for s in self.slots)
+        if self.host is not None and held < limit - MIN_RESTORE:  # else none is restored
+            held = max(held, self.host.best(context, limit)[1])
+        return held
+
     def cached_cells(self) -> int:
         """Cells that free slots keep for prefix reuse."""
         return sum(len(s.tokens) for s in self.slots if s.owner is None)

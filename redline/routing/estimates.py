@@ -25,6 +25,8 @@ from typing import Protocol, cast, runtime_checkable
 
 import numpy as np
 
+from redline.types import GenerationRequest
+
 
 @dataclass(frozen=True)
 class Prediction:
@@ -82,20 +84,22 @@ def cores_busy(replica: object) -> float | None:
 @runtime_checkable
 class ForecastsTTFT(Protocol):
     """A backend that knows its own admitted work (the embedded engine, engine/forecast.py):
-    its forecast of a new request's TTFT replaces the learnt queue term."""
+    its forecast of a new request's TTFT replaces the learnt queue term. Given the request,
+    it may read the prompt itself (what of it the engine holds cached)."""
 
-    def predict_ttft_s(self, prompt_tokens: int, tier: str | None) -> float | None: ...
+    def predict_ttft_s(self, prompt_tokens: int, tier: str | None,
+                       request: GenerationRequest | None = None) -> float | None: ...
 
     def predict_tpot_s(self) -> float | None: ...
 
 
-def own_forecast(replica: object, prompt_tokens: int,
-                 tier: str | None) -> tuple[float | None, float | None]:
+def own_forecast(replica: object, prompt_tokens: int, tier: str | None,
+                 request: GenerationRequest | None = None) -> tuple[float | None, float | None]:
     """The engine's own (TTFT, TPOT) forecast, alone on the cores; (None, None) for a
     backend that has none."""
     if _implements(replica, ForecastsTTFT):
         engine = cast(ForecastsTTFT, replica)
-        return engine.predict_ttft_s(prompt_tokens, tier), engine.predict_tpot_s()
+        return engine.predict_ttft_s(prompt_tokens, tier, request), engine.predict_tpot_s()
     return None, None
 
 

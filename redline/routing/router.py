@@ -191,7 +191,8 @@ class Router:
         return not self.breakers.is_open(self.label(replica))
 
     def predict(self, model: str, prompt_tokens: int, max_tokens: int,
-                tier: str | None = None) -> Prediction | None:
+                tier: str | None = None,
+                request: GenerationRequest | None = None) -> Prediction | None:
         best: Prediction | None = None
         for r in replicas_of(self.backends[model]):
             if not self.usable(r):
@@ -200,7 +201,7 @@ class Router:
             # local models: others' work on the same cores, and the engine's own forecast
             # from the work it already admitted (its slots and queue)
             p = stats.predict(r.load(), prompt_tokens, stats.expected_tokens(max_tokens),
-                              slowdown_of(r), *own_forecast(r, prompt_tokens, tier))
+                              slowdown_of(r), *own_forecast(r, prompt_tokens, tier, request))
             if best is None or p.ttft_s < best.ttft_s:
                 best = p
         return best
@@ -224,7 +225,7 @@ class Router:
         crowded = frozenset(m for m in candidates if self._crowded(m, tier)) if within \
             else frozenset()
         return plan(tier, self._budgets[tier], candidates,
-                    lambda m: self.predict(m, n_prompt, max_tokens, tier), max_tokens, tpot_of,
+                    lambda m: self.predict(m, n_prompt, max_tokens, tier, request), max_tokens, tpot_of,
                     self.cfg.shorten, within, crowded)
 
     def _crowded(self, model: str, tier: str) -> bool:
