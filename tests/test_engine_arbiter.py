@@ -6,6 +6,8 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 
+import pytest
+
 from redline.engine.arbiter import StepArbiter
 from redline.routing.estimates import ReplicaStats
 
@@ -145,3 +147,22 @@ def test_recent_slowdown_is_the_share_of_the_cores_the_others_used() -> None:
         step(b, 1.0)  # b busy most of the window: fair turns still give a half
     assert arbiter.recent_slowdown(a) == 2.0
     assert arbiter.slowdown(a) == 1.0  # b holds no work this instant
+
+
+def test_tpot_follows_the_engines_forecast_scaled_by_its_observed_bias() -> None:
+    """A local engine's TPOT forecast knows the batch a newcomer joins; the learnt part is
+    only how far observed streams were from it. After eight streams (TPOT ~32 ms) the
+    load falls to one: the prediction follows at once instead of the streams' average."""
+    stats = ReplicaStats()
+    for _ in range(30):  # streams at 8: the engine forecast 30 ms, they saw 33 ms
+        stats.observe_ttft(0.05, 1, 50)
+        stats.observe_tpot(0.033, own_s=0.030)
+    assert stats.tpot_bias == pytest.approx(1.1, rel=0.05)
+    alone = stats.predict(0, 50, 64, own_ttft_s=0.04, own_tpot_s=0.010)  # one stream now
+    assert alone.tpot_s == pytest.approx(0.011, rel=0.05)
+    assert stats.tpot_s > 0.03  # the plain average still remembers the eight streams
+    # a remote backend (no forecast of its own) keeps the learnt average
+    assert stats.predict(0, 50, 64).tpot_s == pytest.approx(stats.tpot_s)
+    # one wild stream moves the bias by a clamped step only
+    stats.observe_tpot(5.0, own_s=0.010)
+    assert stats.tpot_bias < 1.1 + 0.1 * 4.0

@@ -103,6 +103,16 @@ def own_forecast(replica: object, prompt_tokens: int, tier: str | None,
     return None, None
 
 
+def own_forecast_tpot(replica: object) -> float | None:
+    """The engine's own TPOT forecast for a newcomer (None for a backend without one)."""
+    if _implements(replica, ForecastsTTFT):
+        return cast(ForecastsTTFT, replica).predict_tpot_s()
+    return None
+
+
+BIAS_MIN, BIAS_MAX = 0.5, 4.0  # one stream's observed/forecast TPOT, clamped
+
+
 class ReplicaStats:
     def __init__(self, prior_ttft_s: float = 0.2, prior_tpot_s: float = 0.02,
                  forget: float = 0.98, window: int = 200) -> None:
@@ -115,6 +125,9 @@ class ReplicaStats:
         self._b = [0.0, 0.0, 0.0]
         self._coef: tuple[float, float, float] | None = None
         self._ttfts: deque[float] = deque(maxlen=window)
+        # observed TPOT over the engine's own forecast of it (its step fit knows the batch
+        # a newcomer joins; streams also ride steps with prompt chunks, and the relay)
+        self.tpot_bias = 1.0
         self.out_tokens = 64.0  # EWMA of answer length, for the expected total time
         self.samples = 0
         self.errors = 0
@@ -136,9 +149,14 @@ class ReplicaStats:
         self.last_seen = time.monotonic()
         self.coef()  # solved here, off the next request's path (the router calls this late)
 
-    def observe_tpot(self, tpot_s: float, alpha: float = 0.1, slowdown: float = 1.0) -> None:
+    def observe_tpot(self, tpot_s: float, alpha: float = 0.1, slowdown: float = 1.0,
+                     own_s: float | None = None) -> None:
+        """A stream's TPOT; `own_s`: what the engine forecast it to be at its start."""
         tpot_s /= max(slowdown, 1.0)
         self.tpot_s += alpha * (tpot_s - self.tpot_s)
+        if own_s is not None and own_s > 0:
+            ratio = min(BIAS_MAX, max(BIAS_MIN, tpot_s / own_s))
+            self.tpot_bias += alpha * (ratio - self.tpot_bias)
 
     def observe_output(self, tokens: int, alpha: float = 0.1) -> None:
         self.out_tokens += alpha * (tokens - self.out_tokens)
@@ -165,7 +183,7 @@ class ReplicaStats:
                 own_tpot_s: float | None = None) -> Prediction:
         """`own_ttft_s`, `own_tpot_s`: the engine's own forecast from its admitted work and
         its decode step now (alone on the cores), used instead of the learnt fit when there
-        is one; the TPOT is the larger of the two (the learnt one sees prompt chunks too)."""
+        is one; its TPOT scaled by how far observed streams were from it (`tpot_bias`)."""
         if own_ttft_s is not None:
             ttft = own_ttft_s
             queue = max(0.0, own_ttft_s - self.coef()[0]) if self.samples >= 3 else 0.0
@@ -179,7 +197,10 @@ class ReplicaStats:
         k = max(slowdown, 1.0)
         tpot = self.tpot_s
         if own_tpot_s is not None:
-            tpot = own_tpot_s if self.samples < 3 else max(tpot, own_tpot_s)
+            # the engine's forecast for the batch it would join, as far off as it has been:
+            # a plain average of past streams lags when the load changes (eight streams'
+            # TPOT forecast for one, and tier-S answers shortened for minutes)
+            tpot = own_tpot_s * self.tpot_bias
         total = k * (ttft + max(0, output_tokens - 1) * tpot)
         return Prediction(k * ttft, total, k * queue, k * tpot)
 

@@ -33,7 +33,14 @@ from redline.routing.breaker import Breakers
 from redline.routing.budget import RatioBudget
 from redline.routing.capabilities import Capabilities, required
 from redline.routing.classifier import Classifier, Decision
-from redline.routing.estimates import Estimates, Prediction, cores_busy, own_forecast, slowdown_of
+from redline.routing.estimates import (
+    Estimates,
+    Prediction,
+    cores_busy,
+    own_forecast,
+    own_forecast_tpot,
+    slowdown_of,
+)
 from redline.routing.hedge import Opened, hedged
 from redline.routing.migrate import Migration
 from redline.routing.names import AUTO, check_model, resolve_model
@@ -83,6 +90,7 @@ class _Call:
     rest: AsyncIterator[Chunk]
     t_first: float
     slowdown: float = 1.0  # sharing the cores at the start (local models)
+    own_tpot_s: float | None = None  # the engine's own TPOT forecast at the start, alone
 
 
 class Router:
@@ -355,6 +363,7 @@ class Router:
     async def _open(self, replica: Backend, req: GenerationRequest) -> Opened[_Call]:
         load = replica.load()
         slowdown = slowdown_of(replica)
+        own_tpot = own_forecast_tpot(replica)  # before it joins: the planner's own view
         t0 = time.perf_counter()
         it = replica.stream(req).__aiter__()
         try:
@@ -374,7 +383,7 @@ class Router:
         asyncio.get_running_loop().call_soon(
             self.estimates.of(replica).observe_ttft, t_first - t0, load, _prompt_tokens(req),
             slowdown)
-        return Opened(_Call(replica, first, it, t_first, slowdown), lambda: aclose(it))
+        return Opened(_Call(replica, first, it, t_first, slowdown, own_tpot), lambda: aclose(it))
 
     def finish(self, tier: str, call: _Call, arrival: float, tokens: int, ok: bool) -> None:
         if self.slo:
@@ -386,7 +395,7 @@ class Router:
             if tokens > 1:
                 # the sharing seen over the stream: the mean of its two ends
                 stats.observe_tpot((end - call.t_first) / (tokens - 1), slowdown=(
-                    call.slowdown + slowdown_of(call.replica)) / 2)
+                    call.slowdown + slowdown_of(call.replica)) / 2, own_s=call.own_tpot_s)
         # SLO violations are counted from the finished completion by telemetry's long-tail log
 
 
