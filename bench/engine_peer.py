@@ -11,7 +11,8 @@ so that both decode the same number of tokens), streamed:
 - `long`:   a ~1,500-token prompt of its own per request (no prefix to reuse).
 
 redline runs on its default config (`redline serve`, both bundled chat models loaded,
-`weights: auto`), asked for the SmolLM2 model by name with the response cache off; llama-server
+`weights: auto`), asked for the SmolLM2 model by name with the response cache off, in tier A
+(tier S may shorten an answer that would miss its total budget); llama-server
 loads the file redline serves (`weights: auto` resolved on this CPU) with the flags printed
 next to the table (`-t 2 -c 16384 -np 8`, its other defaults). Rounds are interleaved (the
 order alternates) and each ratio is the median over rounds of that round's ratio, because
@@ -56,6 +57,10 @@ from redline.models import bundled_path, served_path  # noqa: E402
 MODEL = "smollm2-135m-instruct"
 PEER_DIR = ROOT / ".bench-peer"
 PEER_FLAGS = ["-t", "2", "-c", "16384", "-np", "8"]
+# the response cache off, and tier A: a tier-S answer predicted to miss its 3 s total is
+# shortened by the planner (routing.shorten), and at 8 streams of 64 tokens some are, so
+# the two servers would no longer decode the same tokens
+REDLINE_EXTRA = {"cache": False, "tier": "A"}
 FILLER = ("The customer wrote about an invoice that listed a storage plan they had cancelled in "
           "March, a second charge for support hours, and a delivery that arrived two days late. ")
 
@@ -185,12 +190,12 @@ def main() -> int:
         p1, red_url = start_redline(tmp, args.redline_config)
         p2, peer_url = start_llama_server(binary, model_file)
         procs += [p1, p2]
-        targets = [Target("redline", red_url, MODEL, extra={"cache": False}),
+        targets = [Target("redline", red_url, MODEL, extra=REDLINE_EXTRA),
                    Target("llama-server", peer_url, MODEL)]
         if args.baseline_tree:
             p3, base_url = start_redline(tmp, args.redline_config, Path(args.baseline_tree).resolve())
             procs.append(p3)
-            targets.append(Target("redline-base", base_url, MODEL, extra={"cache": False}))
+            targets.append(Target("redline-base", base_url, MODEL, extra=REDLINE_EXTRA))
         prompt_tokens = {}
         for w in args.workloads.split(","):
             r = httpx.post(f"{peer_url}/v1/chat/completions", timeout=120,

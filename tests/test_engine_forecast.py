@@ -23,7 +23,9 @@ def loop() -> Iterator[asyncio.AbstractEventLoop]:
 
 def seq(loop: asyncio.AbstractEventLoop, sid: str, prompt: int = 10, written: int = 0,
         tier: str = "A", max_tokens: int = 256) -> Sequence:
-    s = Sequence(sid, [1] * prompt, SamplingParams(max_tokens=max_tokens, temperature=0),
+    first = 1000 * (1 + sum(map(ord, sid)))  # prompts that share no prefix
+    s = Sequence(sid, list(range(first, first + prompt)),
+                 SamplingParams(max_tokens=max_tokens, temperature=0),
                  lambda c: None, loop, tier=tier)
     s.n_fed = prompt + written  # running: its prompt is in the KV
     s.output = [7] * written
@@ -141,3 +143,22 @@ def test_beside_decoding_streams_a_prompt_token_costs_the_mixed_rate(
     running = [seq(loop, "r1", written=10)]
     # one stream decodes: the prompt rides its steps at the budget's per-token cost
     assert f.ttft_s(20, "A", running, []) == pytest.approx(20 * 0.001 + 0.02)
+
+
+def test_prompts_ahead_that_share_a_system_prompt_compute_it_once(
+        loop: asyncio.AbstractEventLoop) -> None:
+    """Eight users send one 400-token system prompt at once: the first computes it, the
+    others copy its cells and compute their own questions; the newcomer too."""
+    f = costed(slots=16)
+    system = list(range(400))
+    waiting = []
+    for i in range(7):
+        s = Sequence(f"w{i}", system + [5000 + i] * 20, SamplingParams(max_tokens=64),
+                     lambda c: None, loop)
+        waiting.append(s)
+    mine = system + [9000] * 20
+    got = f.ttft_s(420, "A", [], waiting, tokens=mine)
+    # 420 + 6 x 20 for those ahead, 20 for its own: 560 tokens, not 8 x 420
+    assert got == pytest.approx(560 * 0.001 + 2 * 0.02)
+    # without its tokens the newcomer's own part is the count it was given
+    assert f.ttft_s(420, "A", [], waiting) == pytest.approx(960 * 0.001 + 2 * 0.02)

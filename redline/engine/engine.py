@@ -131,7 +131,7 @@ class Engine:
             except RuntimeError:  # a deque or the host cache changed under the copy
                 continue
             return self.forecast.ttft_s(prompt_tokens, tier, running, waiting,
-                                        self.scheduler.tiers)
+                                        self.scheduler.tiers, tokens)
         return None
 
     def forget_costs(self) -> None:

@@ -27,6 +27,7 @@ import math
 from collections.abc import Iterable
 
 from redline.engine.budget import PrefillBudget
+from redline.engine.prefix import common_prefix
 from redline.engine.sequence import TIER_RANK, Sequence
 
 ALPHA = 0.1  # weight of the newest finished answer in the length average
@@ -94,9 +95,11 @@ class Forecast:
         return self.step_s(running + 1)
 
     def ttft_s(self, prompt_tokens: int, tier: str | None, running: Iterable[Sequence],
-               waiting: Iterable[Sequence], tiers: bool = True) -> float | None:
-        """Seconds to the first token of a new request; None until the step costs are
-        measured (the planner then uses its learnt fit)."""
+               waiting: Iterable[Sequence], tiers: bool = True,
+               tokens: list[int] | None = None) -> float | None:
+        """Seconds to the first token of a new request with `prompt_tokens` to compute
+        (its `tokens`, when known, find what it shares with work ahead of it); None until
+        the step costs are measured (the planner then uses its learnt fit)."""
         decode_s, token_s = self.budget.decode_s, self.budget.token_s
         if decode_s is None or token_s is None:
             return None
@@ -106,7 +109,7 @@ class Forecast:
         running = [s for s in running if not s.cancelled and not s.unread]
         ahead = [s for s in waiting if not s.cancelled and not s.unread
                  and (not tiers or TIER_RANK.get(s.tier, 1) <= rank)]
-        prompt = prompt_tokens + sum(max(0, s.prefill_to - s.n_fed) for s in running + ahead)
+        prompt = _prompt_work(running + ahead, prompt_tokens, tokens)
         step = self.step_s(max(1, len(running))) or decode_s
         free = self.n_slots - len(running)
         if tiers and rank == 0:  # a tier-S request takes a tier-B answer's slot
@@ -127,6 +130,31 @@ class Forecast:
         per_step = max(1, self.budget.tokens(decoding))
         steps = max(1, math.ceil(prompt / per_step))
         return wait + prompt * token_s + steps * step
+
+
+RECENT_CONTEXTS = 4  # distinct prompts a prompt ahead is compared with (cost stays linear)
+
+
+def _prompt_work(seqs: list[Sequence], own: int, tokens: list[int] | None) -> int:
+    """Prompt tokens still to compute, by `seqs` in their order and then the newcomer
+    (`own` tokens, its `tokens` if known). One that shares a prefix with a prompt before
+    it (a system prompt that several users send at once) computes only the rest: it
+    waits for those cells and copies them (scheduler.py)."""
+    total = 0
+    seen: list[list[int]] = []
+    for s in seqs:
+        context = s.context()
+        left = s.prefill_to - s.n_fed
+        if left > 0:
+            shared = max((common_prefix(c, context) for c in seen), default=0)
+            total += max(0, s.prefill_to - max(s.n_fed, shared))
+        if not seen or common_prefix(seen[-1], context) < len(context):
+            seen.append(context)
+            del seen[:-RECENT_CONTEXTS]
+    if tokens is not None and seen:
+        shared = max(common_prefix(c, tokens) for c in seen)
+        own = min(own, max(1, len(tokens) - shared))
+    return total + own
 
 
 def _learn(s: list[float], n: int, seconds: float) -> None:
