@@ -179,6 +179,11 @@ async def test_the_engine_restores_a_forgotten_system_prompt_and_answers_the_sam
             want, _ = await ask(plain, q)
             got, usage = await ask(hosted, q)
             assert got == want
+            # another user's prompt takes the other slot, and the bound forgets the
+            # system prompt's cells (the next one that shares them takes their slot in
+            # place); the next question finds them in the host cache
+            async for _ in hosted.generate(chat(model, "Count to three."), greedy):
+                pass
         assert hosted.host is not None and hosted.host.restores >= 1
         assert usage is not None and usage.cached_tokens is not None
         assert usage.cached_tokens >= system_len

@@ -309,17 +309,17 @@ def test_a_forgotten_prefix_is_saved_then_restored_instead_of_recomputed(loop):
     a = make(loop, system + [1, 2], "a")
     s.add(a)
     finish_after_prefill(s, a)
-    # free slots may keep no cells: the next step forgets a's and asks for a copy first
-    b = make(loop, system + [3, 4], "b")
-    s.add(b)
+    # a newcomer that shares nothing takes the empty slot; free slots may keep no cells,
+    # so the same step forgets a's, asking for a copy first
+    d = make(loop, list(range(7000, 7010)), "d")
+    s.add(d)
     batch = s.schedule()
+    assert d.reused == 0 and d.slot != a.slot
     assert batch.kv.saves == [(a.slot, system + [1, 2])]
+    assert (a.slot, 0) in batch.kv.removals
     host.put(system + [1, 2], "state of a", 1)  # what the engine does with the save
-    # the slot was forgotten in this same step, before b was placed: nothing to restore
-    # yet, so b computed its prompt (the engine saves before it removes)
-    assert b.reused == 0 and not batch.kv.restores
     s.commit(batch)
-    finish_after_prefill(s, b)
+    finish_after_prefill(s, d)
     c = make(loop, system + [5, 6], "c")
     s.add(c)
     batch = s.schedule()
@@ -328,6 +328,23 @@ def test_a_forgotten_prefix_is_saved_then_restored_instead_of_recomputed(loop):
     assert (c.slot, 0) in batch.kv.removals  # the slot is emptied before the copy comes back
     assert c.reused == c.cached == len(system)
     assert [e.token for e in batch.entries] == [5, 6]
+
+
+def test_a_free_slots_prefix_is_reused_in_place_before_the_bound_forgets_it(loop):
+    """Admission comes before the bound: the next user of a system prompt takes the slot
+    that holds it, even where free slots may keep no cells; nothing is copied out or back."""
+    host = HostCache(capacity_bytes=1 << 30)
+    s = Scheduler(n_seq_max=2, n_batch=512, cache_cells=0, host=host)
+    system = list(range(1000, 1300))
+    a = make(loop, system + [1, 2], "a")
+    s.add(a)
+    finish_after_prefill(s, a)
+    b = make(loop, system + [3, 4], "b")
+    s.add(b)
+    batch = s.schedule()
+    assert b.slot == a.slot and b.reused == len(system)
+    assert not batch.kv.saves and not batch.kv.restores
+    assert [e.token for e in batch.entries] == [3, 4]
 
 
 def test_a_prefix_still_in_a_slot_is_not_restored_from_the_host(loop):

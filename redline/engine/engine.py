@@ -158,12 +158,22 @@ class Engine:
             while True:
                 with self._wake:
                     while not (self._stop or self._inbox or self.scheduler.has_work()):
+                        # idle: copy free slots' cells to the host cache now, one at a
+                        # time, so that forgetting them later costs a newcomer nothing
+                        spare = self.scheduler.presave()
+                        if spare is not None:
+                            break
                         self._wake.wait()
+                    else:
+                        spare = None
                     if self._stop:
                         break
                     for seq in self._inbox:
                         self.scheduler.add(seq)
                     self._inbox.clear()
+                if spare is not None and not self.scheduler.has_work():
+                    self._save([spare])
+                    continue
                 self._drop_cancelled()
                 if self.scheduler.has_work():
                     with self.arbiter.turn(self._member):
