@@ -393,3 +393,22 @@ def test_reusable_is_what_a_placement_would_not_compute(loop):
     host.put(other + [7], "state", 1)
     assert s.reusable(other + [8]) == len(other)
     assert Scheduler(n_seq_max=2, n_batch=512, prefix_reuse=False).reusable(system) == 0
+
+
+def test_host_cache_lookup_goes_by_blocks_and_forgets_dropped_entries():
+    """`best` finds the deepest shared block through the index, then compares tokens: the
+    answer is exact past the last whole block, and a dropped entry leaves no trace."""
+    h = HostCache(capacity_bytes=1000)
+    system = list(range(1000, 1400))
+    entries = [h.put(system + [i] * 50, f"user {i}", 10) for i in range(20)]
+    entry, n = h.best(system + [7] * 30 + [1], limit=10_000)
+    assert entry is entries[7] and n == 430  # the system prompt and 30 of user 7's tokens
+    entry, n = h.best(system + [99], limit=10_000)
+    assert entry is not None and n == 400
+    assert h.best(list(range(5)), 10_000) == (None, 0)  # not one whole block in common
+    h.discard(entries[7])
+    entry, n = h.best(system + [7] * 30 + [1], limit=10_000)
+    assert entry is not entries[7] and n == 400
+    for e in entries:
+        h.discard(e)
+    assert h.best(system, 10_000) == (None, 0) and not h._index

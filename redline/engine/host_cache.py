@@ -10,7 +10,16 @@ server does with its host-memory prompt cache (`--cache-ram`), and vLLM with CPU
 offloading: a copy costs milliseconds where the prefill costs seconds on a CPU.
 
 This module is pure bookkeeping (tokens, sizes, least recently used first out); the
-engine holds the bytes in the entries' `payload`. Everything runs on the engine's thread.
+engine holds the bytes in the entries' `payload`. Everything runs on the engine's thread
+(the planner's forecast reads `best` from the event loop: a torn read raises, and the
+forecast tries again).
+
+Finding the entry that shares the longest prefix with a prompt is a lookup, not a scan:
+each entry is indexed by the chained hashes of its whole `BLOCK`-token blocks (as vLLM
+and SGLang index their KV blocks), so `best` walks the prompt's blocks to the deepest one
+some entry holds and compares only those entries token by token. With every finished
+request saved (idle slots keep no cells), a 1 GiB cache holds hundreds of entries, and a
+scan of them all on each admission cost milliseconds of a newcomer's first step.
 """
 
 from __future__ import annotations
@@ -25,6 +34,17 @@ from redline.engine.prefix import common_prefix
 # an entry is saved only for this many tokens that no saved entry already holds: a chat
 # with the same system prompt and a short new turn is not worth another copy of the prompt
 MIN_NEW_TOKENS = 64
+BLOCK = 16  # tokens per indexed block
+
+
+def block_keys(tokens: list[int]) -> list[int]:
+    """Chained hashes of `tokens`' whole blocks: key i covers tokens[: (i + 1) * BLOCK]."""
+    keys: list[int] = []
+    h = 0
+    for i in range(0, len(tokens) - BLOCK + 1, BLOCK):
+        h = hash((h, tuple(tokens[i:i + BLOCK])))
+        keys.append(h)
+    return keys
 
 
 @dataclass(eq=False)
@@ -40,6 +60,7 @@ class HostCache:
         self.capacity = capacity_bytes
         self.used = 0
         self._entries: OrderedDict[int, Entry] = OrderedDict()  # oldest use first
+        self._index: dict[int, set[int]] = {}  # block key -> keys of the entries holding it
         self._keys = count(1)
         self.saves = 0
         self.restores = 0
@@ -50,9 +71,24 @@ class HostCache:
 
     def best(self, context: list[int], limit: int) -> tuple[Entry | None, int]:
         """The entry sharing the longest prefix with `context` (at most `limit` tokens)."""
+        keys = block_keys(context)
+        lo, hi = 0, len(keys)  # the deepest block some entry holds: keys[:lo] are all held
+        while lo < hi:  # held blocks form a prefix of keys (chained), so bisect
+            mid = (lo + hi) // 2
+            if keys[mid] in self._index:
+                lo = mid + 1
+            else:
+                hi = mid
+        if lo:
+            candidates = self._index.get(keys[lo - 1], set())
+        else:  # shares no whole block: only a short prefix, if any, is worth nothing here
+            candidates = set()
         best: Entry | None = None
         best_n = 0
-        for entry in self._entries.values():
+        for key in list(candidates):
+            entry = self._entries.get(key)
+            if entry is None:
+                continue
             n = min(common_prefix(entry.tokens, context), limit)
             if n > best_n:
                 best, best_n = entry, n
@@ -77,6 +113,8 @@ class HostCache:
             self._drop(next(iter(self._entries)))
         entry = Entry(list(tokens), payload, size, next(self._keys))
         self._entries[entry.key] = entry
+        for k in block_keys(entry.tokens):
+            self._index.setdefault(k, set()).add(entry.key)
         self.used += size
         self.saves += 1
         return entry
@@ -97,3 +135,9 @@ class HostCache:
         entry = self._entries.pop(key)
         self.used -= entry.size
         entry.payload = None
+        for k in block_keys(entry.tokens):
+            holders = self._index.get(k)
+            if holders is not None:
+                holders.discard(key)
+                if not holders:
+                    del self._index[k]
