@@ -221,8 +221,8 @@ def test_cells_kept_for_prefix_reuse_are_bounded_oldest_forgotten_first(loop):
         s.add(seq)
     finish_all(s, seqs)  # s0 finishes first: its slot is the oldest
     assert s.cached_cells() == 30  # 3 × 10 prompt tokens
-    batch = s.schedule()  # the bound is kept before the next step
-    assert batch.kv.removals == [(seqs[0].slot, 0)]
+    kv = s.trim()  # the bound is kept after each step
+    assert kv is not None and kv.removals == [(seqs[0].slot, 0)]
     assert s.cached_cells() == 20 <= 25
     assert s.slots[seqs[0].slot].tokens == []
     assert len(s.slots[seqs[2].slot].tokens) == 10  # the newest keeps its prefix
@@ -310,15 +310,18 @@ def test_a_forgotten_prefix_is_saved_then_restored_instead_of_recomputed(loop):
     s.add(a)
     finish_after_prefill(s, a)
     # a newcomer that shares nothing takes the empty slot; free slots may keep no cells,
-    # so the same step forgets a's, asking for a copy first
+    # so after the step the bound forgets a's, asking for a copy first
     d = make(loop, list(range(7000, 7010)), "d")
     s.add(d)
     batch = s.schedule()
     assert d.reused == 0 and d.slot != a.slot
-    assert batch.kv.saves == [(a.slot, system + [1, 2])]
-    assert (a.slot, 0) in batch.kv.removals
-    host.put(system + [1, 2], "state of a", 1)  # what the engine does with the save
+    assert not batch.kv.saves  # nothing delays d's first token
     s.commit(batch)
+    kv = s.trim()
+    assert kv is not None and kv.saves == [(a.slot, system + [1, 2])]
+    assert (a.slot, 0) in kv.removals
+    assert s.trim() is None  # within the bound now
+    host.put(system + [1, 2], "state of a", 1)  # what the engine does with the save
     finish_after_prefill(s, d)
     c = make(loop, system + [5, 6], "c")
     s.add(c)

@@ -160,11 +160,10 @@ class Scheduler:
         fed: list[tuple[Sequence, list[int]]] = []
         kv = KVOps(removals=self._rollbacks)
         self._rollbacks = []
-        # 1. admit waiting sequences, best first, while a slot is free or one yields; then
-        # bound what the free slots keep: a prefix a newcomer shares with a free slot is
-        # reused in place before the bound would send it to the host cache
+        # 1. admit waiting sequences, best first, while a slot is free or one yields (the
+        # bound on free slots' cells is kept after the step, `trim`: a prefix a newcomer
+        # shares with a free slot is reused in place before the bound forgets it)
         self._admit(kv)
-        self._trim(kv)
         # 2. decode: one token for each sequence past its prompt, and its draft if any;
         # streams nobody reads pause while a read one runs its prompt, and otherwise
         # ride as cost allows (see the module's docstring)
@@ -430,6 +429,14 @@ class Scheduler:
     def cached_cells(self) -> int:
         """Cells that free slots keep for prefix reuse."""
         return sum(len(s.tokens) for s in self.slots if s.owner is None)
+
+    def trim(self) -> KVOps | None:
+        """The edits that bring free slots' cells within `cache_cells` (saves, then
+        removals), or None when they are within it. The engine applies them after a step's
+        tokens went out, so that a copy delays the next step and not a first token."""
+        kv = KVOps()
+        self._trim(kv)
+        return kv if kv.removals else None
 
     def _trim(self, kv: KVOps) -> None:
         """Keep free slots' cached prefixes within `cache_cells`, forgetting the oldest."""
