@@ -432,21 +432,35 @@ class Scheduler:
 
     def trim(self) -> KVOps | None:
         """The edits that bring free slots' cells within `cache_cells` (saves, then
-        removals), or None when they are within it. The engine applies them after a step's
-        tokens went out, so that a copy delays the next step and not a first token."""
+        removals), or None when they are within it, all at once. The engine goes slot by
+        slot instead (`over_bound`, `saves_for`, `forget`), copying each out before it is
+        forgotten, after a step's tokens went out: a copy delays the next step, not a
+        first token, and a forecast reading meanwhile finds the prefix in one or the other."""
         kv = KVOps()
-        self._trim(kv)
+        while (slot := self.over_bound()) is not None:
+            kv.saves += self.saves_for(slot)
+            self.forget(slot)
+            kv.removals.append((slot.seq_id, 0))
         return kv if kv.removals else None
 
-    def _trim(self, kv: KVOps) -> None:
-        """Keep free slots' cached prefixes within `cache_cells`, forgetting the oldest."""
-        if self.cache_cells is None:
-            return
-        while self.cached_cells() > self.cache_cells:
-            seq_id = self.evict_oldest(kv)
-            if seq_id is None:
-                return
-            kv.removals.append((seq_id, 0))
+    def over_bound(self) -> Slot | None:
+        """The free slot to forget next to keep free slots' cells within `cache_cells`
+        (the one used longest ago), or None when they are within it."""
+        if self.cache_cells is None or self.cached_cells() <= self.cache_cells:
+            return None
+        held = [s for s in self.slots if s.owner is None and s.tokens]
+        return min(held, key=lambda s: s.last_used) if held else None
+
+    def saves_for(self, slot: Slot) -> list[tuple[int, list[int]]]:
+        """The copy to the host cache `slot`'s cells are worth before they go (or none)."""
+        kv = KVOps()
+        self._keep(slot, 0, kv)
+        return kv.saves
+
+    def forget(self, slot: Slot) -> None:
+        """`slot` holds no cells any more (the caller removes them)."""
+        slot.tokens = []
+        self.evictions += 1
 
     def evict_oldest(self, kv: KVOps) -> int | None:
         """Forget the cached prefix of the free slot used longest ago (after `kv.saves`
