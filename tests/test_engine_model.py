@@ -172,6 +172,7 @@ async def test_the_engine_restores_a_forgotten_system_prompt_and_answers_the_sam
     plain = make_engine(model, n_seq_max=2, prefix_reuse=False)
     # free slots keep no cells: every finished prompt leaves the KV buffer
     hosted = make_engine(model, n_seq_max=2, cache_cells=0, host_cache_bytes=256 << 20)
+    hosted.scheduler.trim_after_s = 0.0  # forgotten after each step, not a moment later
     try:
         system_len = len(model.tokenize(SYSTEM, add_special=False))
         for q in ("What is the capital of France?", "What is the capital of Italy?",

@@ -216,6 +216,7 @@ def finish_all(sched, seqs):
 
 def test_cells_kept_for_prefix_reuse_are_bounded_oldest_forgotten_first(loop):
     s = Scheduler(n_seq_max=4, n_batch=64, cache_cells=25)
+    s.trim_after_s = 0.0  # trimmed at once (see the test of the wait below)
     seqs = [make(loop, range(100 * i, 100 * i + 10), f"s{i}") for i in range(3)]
     for seq in seqs:
         s.add(seq)
@@ -305,6 +306,7 @@ def test_an_entry_that_extends_another_replaces_it_and_a_short_extension_is_not_
 def test_a_forgotten_prefix_is_saved_then_restored_instead_of_recomputed(loop):
     host = HostCache(capacity_bytes=1 << 30)
     s = Scheduler(n_seq_max=2, n_batch=512, cache_cells=0, host=host)
+    s.trim_after_s = 0.0
     system = list(range(1000, 1300))
     a = make(loop, system + [1, 2], "a")
     s.add(a)
@@ -415,3 +417,16 @@ def test_host_cache_lookup_goes_by_blocks_and_forgets_dropped_entries():
     for e in entries:
         h.discard(e)
     assert h.best(system, 10_000) == (None, 0) and not h._index
+
+
+def test_a_slot_freed_a_moment_ago_is_trimmed_only_after_a_while(loop):
+    """Its copy to the host cache would delay the same user's next request, a moment later."""
+    s = Scheduler(n_seq_max=2, n_batch=64, cache_cells=0)
+    s.trim_after_s = 60.0
+    a = make(loop, range(100, 140), "a")
+    s.add(a)
+    finish_after_prefill(s, a)
+    assert s.over_bound() is None and s.trim() is None  # freed just now: kept for now
+    s.slots[a.slot].last_used -= 61.0  # a minute later
+    kv = s.trim()
+    assert kv is not None and kv.removals == [(a.slot, 0)] and s.cached_cells() == 0

@@ -106,6 +106,8 @@ class ScheduledBatch:
 MIN_WAIT_PREFIX = 32
 # a host cache entry is copied back only when it holds this many more tokens of the prompt
 MIN_RESTORE = 32
+# seconds a free slot keeps its cells past the bound (scheduler.over_bound)
+TRIM_AFTER_S = 0.05
 
 
 class Scheduler:
@@ -117,6 +119,7 @@ class Scheduler:
         self.n_batch = n_batch
         self.prefix_reuse = prefix_reuse
         self.cache_cells = cache_cells  # cells free slots may keep for reuse; None: no bound
+        self.trim_after_s = TRIM_AFTER_S  # a slot freed this recently is not trimmed yet
         self.tiers = tiers  # False: first come, first served (unread streams still yield)
         self.budget = budget or PrefillBudget(n_batch)
         self.evictions = 0
@@ -445,10 +448,14 @@ class Scheduler:
 
     def over_bound(self) -> Slot | None:
         """The free slot to forget next to keep free slots' cells within `cache_cells`
-        (the one used longest ago), or None when they are within it."""
+        (the one used longest ago), or None when they are within it. A slot freed less
+        than `trim_after_s` ago waits: one user's next request, a moment later, would wait
+        for its copy to the host cache (it made a short prompt's TTFT ~5 ms longer at one
+        stream), and its next turn may take it in place."""
         if self.cache_cells is None or self.cached_cells() <= self.cache_cells:
             return None
-        held = [s for s in self.slots if s.owner is None and s.tokens]
+        due = time.perf_counter() - self.trim_after_s
+        held = [s for s in self.slots if s.owner is None and s.tokens and s.last_used <= due]
         return min(held, key=lambda s: s.last_used) if held else None
 
     def saves_for(self, slot: Slot) -> list[tuple[int, list[int]]]:
