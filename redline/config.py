@@ -140,10 +140,11 @@ class ModelConfig(_Section):
     prefix_reuse: bool = True
     prefix_cache_tokens: int | None = Field(
         None, ge=0, description="KV cells that idle sequences keep for prefix reuse, all together; "
-        "past it the least recently used are forgotten first (copied to the host cache while the "
-        "engine is idle). None: 0, because every decode step attends over all the cells in use "
-        "(2,048 idle cells made one stream's TPOT 12-18 % slower); a newcomer still takes the "
-        "prefix a free slot holds before it is forgotten, and the host cache copies back the rest")
+        "past it the least recently used are forgotten first (copied to the host cache first). "
+        "None: n_ctx (one context's worth). Every decode step attends over all the cells in use: "
+        "2,048 idle cells made one stream's TPOT 12-18 % slower here; fewer cost less, but then "
+        "identical greedy requests may get different answers more often (the KV layout changes "
+        "the attention's float sums)")
     host_cache_mb: int = Field(
         1024, ge=0, description="host memory for prompts' KV state that the KV cells let go "
         "(past prefix_cache_tokens): a prompt that shares a longer prefix with a saved one is "

@@ -172,7 +172,6 @@ async def test_the_engine_restores_a_forgotten_system_prompt_and_answers_the_sam
     plain = make_engine(model, n_seq_max=2, prefix_reuse=False)
     # free slots keep no cells: every finished prompt leaves the KV buffer
     hosted = make_engine(model, n_seq_max=2, cache_cells=0, host_cache_bytes=256 << 20)
-    hosted.scheduler.trim_after_s = 0.0  # forgotten after each step, not a moment later
     try:
         system_len = len(model.tokenize(SYSTEM, add_special=False))
         for q in ("What is the capital of France?", "What is the capital of Italy?",
@@ -180,11 +179,6 @@ async def test_the_engine_restores_a_forgotten_system_prompt_and_answers_the_sam
             want, _ = await ask(plain, q)
             got, usage = await ask(hosted, q)
             assert got == want
-            # another user's prompt takes the other slot, and the bound forgets the
-            # system prompt's cells (the next one that shares them takes their slot in
-            # place); the next question finds them in the host cache
-            async for _ in hosted.generate(chat(model, "Count to three."), greedy):
-                pass
         assert hosted.host is not None and hosted.host.restores >= 1
         assert usage is not None and usage.cached_tokens is not None
         assert usage.cached_tokens >= system_len

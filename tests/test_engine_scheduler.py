@@ -216,14 +216,13 @@ def finish_all(sched, seqs):
 
 def test_cells_kept_for_prefix_reuse_are_bounded_oldest_forgotten_first(loop):
     s = Scheduler(n_seq_max=4, n_batch=64, cache_cells=25)
-    s.trim_after_s = 0.0  # trimmed at once (see the test of the wait below)
     seqs = [make(loop, range(100 * i, 100 * i + 10), f"s{i}") for i in range(3)]
     for seq in seqs:
         s.add(seq)
     finish_all(s, seqs)  # s0 finishes first: its slot is the oldest
     assert s.cached_cells() == 30  # 3 × 10 prompt tokens
-    kv = s.trim()  # the bound is kept after each step
-    assert kv is not None and kv.removals == [(seqs[0].slot, 0)]
+    batch = s.schedule()  # the bound is kept before the next step
+    assert batch.kv.removals == [(seqs[0].slot, 0)]
     assert s.cached_cells() == 20 <= 25
     assert s.slots[seqs[0].slot].tokens == []
     assert len(s.slots[seqs[2].slot].tokens) == 10  # the newest keeps its prefix
@@ -306,25 +305,21 @@ def test_an_entry_that_extends_another_replaces_it_and_a_short_extension_is_not_
 def test_a_forgotten_prefix_is_saved_then_restored_instead_of_recomputed(loop):
     host = HostCache(capacity_bytes=1 << 30)
     s = Scheduler(n_seq_max=2, n_batch=512, cache_cells=0, host=host)
-    s.trim_after_s = 0.0
     system = list(range(1000, 1300))
     a = make(loop, system + [1, 2], "a")
     s.add(a)
     finish_after_prefill(s, a)
-    # a newcomer that shares nothing takes the empty slot; free slots may keep no cells,
-    # so after the step the bound forgets a's, asking for a copy first
-    d = make(loop, list(range(7000, 7010)), "d")
-    s.add(d)
+    # free slots may keep no cells: the next step forgets a's and asks for a copy first
+    b = make(loop, system + [3, 4], "b")
+    s.add(b)
     batch = s.schedule()
-    assert d.reused == 0 and d.slot != a.slot
-    assert not batch.kv.saves  # nothing delays d's first token
-    s.commit(batch)
-    kv = s.trim()
-    assert kv is not None and kv.saves == [(a.slot, system + [1, 2])]
-    assert (a.slot, 0) in kv.removals
-    assert s.trim() is None  # within the bound now
+    assert batch.kv.saves == [(a.slot, system + [1, 2])]
     host.put(system + [1, 2], "state of a", 1)  # what the engine does with the save
-    finish_after_prefill(s, d)
+    # the slot was forgotten in this same step, before b was placed: nothing to restore
+    # yet, so b computed its prompt (the engine saves before it removes)
+    assert b.reused == 0 and not batch.kv.restores
+    s.commit(batch)
+    finish_after_prefill(s, b)
     c = make(loop, system + [5, 6], "c")
     s.add(c)
     batch = s.schedule()
@@ -333,23 +328,6 @@ def test_a_forgotten_prefix_is_saved_then_restored_instead_of_recomputed(loop):
     assert (c.slot, 0) in batch.kv.removals  # the slot is emptied before the copy comes back
     assert c.reused == c.cached == len(system)
     assert [e.token for e in batch.entries] == [5, 6]
-
-
-def test_a_free_slots_prefix_is_reused_in_place_before_the_bound_forgets_it(loop):
-    """Admission comes before the bound: the next user of a system prompt takes the slot
-    that holds it, even where free slots may keep no cells; nothing is copied out or back."""
-    host = HostCache(capacity_bytes=1 << 30)
-    s = Scheduler(n_seq_max=2, n_batch=512, cache_cells=0, host=host)
-    system = list(range(1000, 1300))
-    a = make(loop, system + [1, 2], "a")
-    s.add(a)
-    finish_after_prefill(s, a)
-    b = make(loop, system + [3, 4], "b")
-    s.add(b)
-    batch = s.schedule()
-    assert b.slot == a.slot and b.reused == len(system)
-    assert not batch.kv.saves and not batch.kv.restores
-    assert [e.token for e in batch.entries] == [3, 4]
 
 
 def test_a_prefix_still_in_a_slot_is_not_restored_from_the_host(loop):
@@ -417,16 +395,3 @@ def test_host_cache_lookup_goes_by_blocks_and_forgets_dropped_entries():
     for e in entries:
         h.discard(e)
     assert h.best(system, 10_000) == (None, 0) and not h._index
-
-
-def test_a_slot_freed_a_moment_ago_is_trimmed_only_after_a_while(loop):
-    """Its copy to the host cache would delay the same user's next request, a moment later."""
-    s = Scheduler(n_seq_max=2, n_batch=64, cache_cells=0)
-    s.trim_after_s = 60.0
-    a = make(loop, range(100, 140), "a")
-    s.add(a)
-    finish_after_prefill(s, a)
-    assert s.over_bound() is None and s.trim() is None  # freed just now: kept for now
-    s.slots[a.slot].last_used -= 61.0  # a minute later
-    kv = s.trim()
-    assert kv is not None and kv.removals == [(a.slot, 0)] and s.cached_cells() == 0

@@ -65,9 +65,9 @@ class LocalBackend:
 
     def _cache_cells(self) -> int:
         """Idle slots' cached prefixes, bounded: every step attends over the cells in use
-        (config.py `prefix_cache_tokens`; none by default, the host cache keeps them)."""
+        (config.py `prefix_cache_tokens`; one context's worth by default)."""
         tokens = self.cfg.prefix_cache_tokens
-        return 0 if tokens is None else tokens
+        return self.cfg.n_ctx if tokens is None else tokens
 
     async def warmup(self, tag: str = "Warm-up") -> None:
         """Touch every code path once (prefill, batched decode) so the first user

@@ -39,8 +39,6 @@ from redline.types import Chunk, FinishReason, Presence, SamplingParams, StageTi
 
 log = logging.getLogger(__name__)
 
-PRESAVE_IDLE_S = 0.05  # idle this long before free slots' cells are copied to the host cache
-
 
 class Engine:
     def __init__(self, model: LlamaModel, *, n_ctx_per_seq: int, n_seq_max: int, n_batch: int,
@@ -160,31 +158,17 @@ class Engine:
             while True:
                 with self._wake:
                     while not (self._stop or self._inbox or self.scheduler.has_work()):
-                        # idle a while (a client's next request usually comes at once):
-                        # copy free slots' cells to the host cache now, one at a time, so
-                        # that forgetting them later costs a newcomer nothing
-                        if self._wake.wait(timeout=PRESAVE_IDLE_S):
-                            continue
-                        spare = self.scheduler.presave()
-                        if spare is not None:
-                            break
                         self._wake.wait()
-                    else:
-                        spare = None
                     if self._stop:
                         break
                     for seq in self._inbox:
                         self.scheduler.add(seq)
                     self._inbox.clear()
-                if spare is not None and not self.scheduler.has_work():
-                    self._save([spare])
-                    continue
                 self._drop_cancelled()
                 if self.scheduler.has_work():
                     with self.arbiter.turn(self._member):
                         self.step()
                 self._flush()
-                self._trim()
         except BaseException as exc:  # the engine is dead: tell every waiting client
             log.exception("engine thread died")
             self._dead = exc
@@ -249,17 +233,6 @@ class Engine:
                 self._save(kv.saves)
                 self.runner.seq_remove(victim, -1, -1)
         self.scheduler.commit(batch)
-
-    def _trim(self) -> None:
-        """Free slots' cells past the bound leave the KV buffer, each copied to the host
-        cache first where worth it: after the step's tokens went out, so that the copy
-        delays the next step once, not a newcomer's first token (it added ~10 ms to short
-        prompts' TTFT at two streams when it ran before the step)."""
-        while (slot := self.scheduler.over_bound()) is not None:
-            self._save(self.scheduler.saves_for(slot))
-            self.scheduler.forget(slot)
-            if not self.runner.seq_remove(slot.seq_id, 0, -1):
-                self._reset_slot(slot.seq_id)
 
     def _save(self, saves: list[tuple[int, list[int]]]) -> None:
         """Copy slots' cells to the host cache before they are forgotten."""

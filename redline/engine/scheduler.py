@@ -74,7 +74,6 @@ class Slot:
     tokens: list[int] = field(default_factory=list)  # what its KV holds, in order
     owner: Sequence | None = None
     last_used: float = 0.0
-    presaved: int = -1  # len(tokens) when last offered to the host cache while idle
 
 
 @dataclass
@@ -106,8 +105,6 @@ class ScheduledBatch:
 MIN_WAIT_PREFIX = 32
 # a host cache entry is copied back only when it holds this many more tokens of the prompt
 MIN_RESTORE = 32
-# seconds a free slot keeps its cells past the bound (scheduler.over_bound)
-TRIM_AFTER_S = 0.05
 
 
 class Scheduler:
@@ -119,7 +116,6 @@ class Scheduler:
         self.n_batch = n_batch
         self.prefix_reuse = prefix_reuse
         self.cache_cells = cache_cells  # cells free slots may keep for reuse; None: no bound
-        self.trim_after_s = TRIM_AFTER_S  # a slot freed this recently is not trimmed yet
         self.tiers = tiers  # False: first come, first served (unread streams still yield)
         self.budget = budget or PrefillBudget(n_batch)
         self.evictions = 0
@@ -163,9 +159,8 @@ class Scheduler:
         fed: list[tuple[Sequence, list[int]]] = []
         kv = KVOps(removals=self._rollbacks)
         self._rollbacks = []
-        # 1. admit waiting sequences, best first, while a slot is free or one yields (the
-        # bound on free slots' cells is kept after the step, `trim`: a prefix a newcomer
-        # shares with a free slot is reused in place before the bound forgets it)
+        self._trim(kv)
+        # 1. admit waiting sequences, best first, while a slot is free or one yields
         self._admit(kv)
         # 2. decode: one token for each sequence past its prompt, and its draft if any;
         # streams nobody reads pause while a read one runs its prompt, and otherwise
@@ -415,59 +410,19 @@ class Scheduler:
             held = max(held, self.host.best(context, limit)[1])
         return held
 
-    def presave(self) -> tuple[int, list[int]] | None:
-        """A free slot whose cells the host cache lacks, to copy there while the engine is
-        idle, (seq id, tokens), the one used longest ago first; None when there is none.
-        The bound then forgets those cells on a newcomer's step without copying them on
-        that step (a copy there added ~10 ms to a short prompt's TTFT)."""
-        if self.host is None or self.cache_cells is None or not self.prefix_reuse:
-            return None
-        free = [s for s in self.slots if s.owner is None and len(s.tokens) != s.presaved]
-        for slot in sorted(free, key=lambda s: s.last_used):
-            slot.presaved = len(slot.tokens)
-            if len(slot.tokens) >= MIN_RESTORE and self.host.wants(slot.tokens):
-                return slot.seq_id, list(slot.tokens)
-        return None
-
     def cached_cells(self) -> int:
         """Cells that free slots keep for prefix reuse."""
         return sum(len(s.tokens) for s in self.slots if s.owner is None)
 
-    def trim(self) -> KVOps | None:
-        """The edits that bring free slots' cells within `cache_cells` (saves, then
-        removals), or None when they are within it, all at once. The engine goes slot by
-        slot instead (`over_bound`, `saves_for`, `forget`), copying each out before it is
-        forgotten, after a step's tokens went out: a copy delays the next step, not a
-        first token, and a forecast reading meanwhile finds the prefix in one or the other."""
-        kv = KVOps()
-        while (slot := self.over_bound()) is not None:
-            kv.saves += self.saves_for(slot)
-            self.forget(slot)
-            kv.removals.append((slot.seq_id, 0))
-        return kv if kv.removals else None
-
-    def over_bound(self) -> Slot | None:
-        """The free slot to forget next to keep free slots' cells within `cache_cells`
-        (the one used longest ago), or None when they are within it. A slot freed less
-        than `trim_after_s` ago waits: one user's next request, a moment later, would wait
-        for its copy to the host cache (it made a short prompt's TTFT ~5 ms longer at one
-        stream), and its next turn may take it in place."""
-        if self.cache_cells is None or self.cached_cells() <= self.cache_cells:
-            return None
-        due = time.perf_counter() - self.trim_after_s
-        held = [s for s in self.slots if s.owner is None and s.tokens and s.last_used <= due]
-        return min(held, key=lambda s: s.last_used) if held else None
-
-    def saves_for(self, slot: Slot) -> list[tuple[int, list[int]]]:
-        """The copy to the host cache `slot`'s cells are worth before they go (or none)."""
-        kv = KVOps()
-        self._keep(slot, 0, kv)
-        return kv.saves
-
-    def forget(self, slot: Slot) -> None:
-        """`slot` holds no cells any more (the caller removes them)."""
-        slot.tokens = []
-        self.evictions += 1
+    def _trim(self, kv: KVOps) -> None:
+        """Keep free slots' cached prefixes within `cache_cells`, forgetting the oldest."""
+        if self.cache_cells is None:
+            return
+        while self.cached_cells() > self.cache_cells:
+            seq_id = self.evict_oldest(kv)
+            if seq_id is None:
+                return
+            kv.removals.append((seq_id, 0))
 
     def evict_oldest(self, kv: KVOps) -> int | None:
         """Forget the cached prefix of the free slot used longest ago (after `kv.saves`
