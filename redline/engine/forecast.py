@@ -73,8 +73,7 @@ class Forecast:
     def prefill_s(self, tokens: int) -> float | None:
         """Seconds to compute `tokens` prompt tokens with nothing decoding: chunks of
         `n_batch`, each a prompt-only step (None until two sizes of step are seen)."""
-        w, sn, snn = self._p[:3]
-        if w <= 0 or w * snn - sn * sn <= 1e-9 * w * w:
+        if not _has_slope(self._p):
             return None
         full, rest = divmod(max(1, tokens), self.budget.n_batch)
         return full * _fit(self._p, self.budget.n_batch) + (_fit(self._p, rest) if rest else 0.0)
@@ -165,12 +164,18 @@ def _learn(s: list[float], n: int, seconds: float) -> None:
         s[i] = FORGET * s[i] + v
 
 
+def _has_slope(s: list[float]) -> bool:
+    """The fit has seen more than one size (a slope to learn)."""
+    w, sn, snn = s[:3]
+    return w > 0 and w * snn - sn * sn > 1e-9 * w * w
+
+
 def _fit(s: list[float], n: int) -> float:
     """The fit's seconds at `n` (the plain average while it has seen one `n` only)."""
     w, sn, snn, st, snt = s
-    det = w * snn - sn * sn
-    if det <= 1e-9 * w * w:  # one size seen so far: no slope to learn
+    if not _has_slope(s):
         return st / w
+    det = w * snn - sn * sn
     slope = max(0.0, (w * snt - sn * st) / det)
     base = (st - slope * sn) / w
     return max(1e-4, base + slope * n)

@@ -17,9 +17,9 @@ forecast tries again).
 Finding the entry that shares the longest prefix with a prompt is a lookup, not a scan:
 each entry is indexed by the chained hashes of its whole `BLOCK`-token blocks (as vLLM
 and SGLang index their KV blocks), so `best` walks the prompt's blocks to the deepest one
-some entry holds and compares only those entries token by token. With every finished
-request saved (idle slots keep no cells), a 1 GiB cache holds hundreds of entries, and a
-scan of them all on each admission cost milliseconds of a newcomer's first step.
+some entry holds and compares only those entries token by token. A 1 GiB cache holds
+hundreds of small entries, and a scan of them all, on each admission and each save, cost
+milliseconds of a newcomer's first step.
 """
 
 from __future__ import annotations

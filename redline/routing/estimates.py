@@ -98,8 +98,8 @@ def own_forecast(replica: object, prompt_tokens: int, tier: str | None,
     """The engine's own (TTFT, TPOT) forecast, alone on the cores; (None, None) for a
     backend that has none."""
     if _implements(replica, ForecastsTTFT):
-        engine = cast(ForecastsTTFT, replica)
-        return engine.predict_ttft_s(prompt_tokens, tier, request), engine.predict_tpot_s()
+        ttft = cast(ForecastsTTFT, replica).predict_ttft_s(prompt_tokens, tier, request)
+        return ttft, own_forecast_tpot(replica)
     return None, None
 
 
