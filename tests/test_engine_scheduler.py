@@ -395,3 +395,26 @@ def test_host_cache_lookup_goes_by_blocks_and_forgets_dropped_entries():
     for e in entries:
         h.discard(e)
     assert h.best(system, 10_000) == (None, 0) and not h._index
+
+
+def test_reusable_does_not_count_a_prefix_placement_would_not_keep(loop):
+    """A free slot sharing less than half of a prompt is not taken (its prefix is worth
+    more to the next request that shares it): an empty slot is, and the forecast counts
+    what that placement reuses (nothing), not the other slot's few shared tokens."""
+    s = Scheduler(n_seq_max=2, n_batch=512)
+    a = make(loop, list(range(100)), "a")
+    s.add(a)
+    finish_after_prefill(s, a)
+    prompt = list(range(40)) + list(range(9000, 9100))  # shares 40 of 140 tokens with a's slot
+    assert s.reusable(prompt) == 0
+    b = make(loop, prompt, "b")
+    s.add(b)
+    s.schedule()
+    assert b.reused == 0 and b.slot != a.slot
+    # the same prompt sharing more than half: in place, counted alike
+    c_prompt = list(range(90)) + [7, 7]
+    assert s.reusable(c_prompt) == 90
+    c = make(loop, c_prompt, "c")
+    s.add(c)
+    s.schedule()
+    assert c.reused == 90 and c.slot == a.slot

@@ -76,6 +76,18 @@ class Slot:
     last_used: float = 0.0
 
 
+@dataclass(frozen=True)
+class Placement:
+    """A free slot for a new sequence, and the `reused` leading tokens of its context it
+    starts with: kept in place, copied from `source` (a running sequence's slot), or
+    restored from a host cache `entry`."""
+
+    slot: Slot
+    reused: int
+    source: Slot | None = None
+    entry: Entry | None = None
+
+
 @dataclass
 class KVOps:
     """Cache edits to apply before the batch, in this order: (seq, tokens) saves to the
@@ -340,14 +352,14 @@ class Scheduler:
         self.waiting.append(seq)
         self.preemptions += 1
 
-    def _place(self, seq: Sequence, kv: KVOps) -> None:
-        """Give `seq` a free slot, reusing the longest cached prefix we have: in a free
-        slot, in a running sequence's slot (copied), or in the host cache (copied back)."""
-        context = seq.context()
+    def _choose(self, context: list[int], free: list[Slot]) -> Placement:
+        """Where a sequence with `context` goes now, and what it reuses: the longest cached
+        prefix we have, in a free slot (kept in place), in a running sequence's slot
+        (copied), or in the host cache (copied back). Pure: `_place` carries it out, and
+        `reusable` forecasts with the same decision."""
         limit = len(context) - 1  # the last token must run to give logits
         shared = {s.seq_id: min(common_prefix(s.tokens, context), limit)
                   if self.prefix_reuse else 0 for s in self.slots}
-        free = [s for s in self.slots if s.owner is None]
         best_free = max(free, key=lambda s: shared[s.seq_id])
         # little in common (a chat template's first tokens): taking that slot would throw
         # away a prefix worth more to someone else (llama-server's default slot
@@ -361,22 +373,31 @@ class Scheduler:
         best_busy_n = shared[best_busy.seq_id] if best_busy is not None else 0
         entry, host_n = (self.host.best(context, limit) if self.host is not None and self.prefix_reuse
                          else (None, 0))
-        slot = best_free
         if entry is not None and host_n >= max(best_free_n, best_busy_n) + MIN_RESTORE:
-            slot = spare
+            return Placement(spare, host_n, entry=entry)
+        if best_busy is not None and best_busy_n > best_free_n:
+            return Placement(best_free, best_busy_n, source=best_busy)
+        return Placement(best_free, best_free_n)
+
+    def _place(self, seq: Sequence, kv: KVOps) -> None:
+        """Give `seq` a free slot as `_choose` decides, with the cache edits that takes."""
+        context = seq.context()
+        where = self._choose(context, [s for s in self.slots if s.owner is None])
+        slot = where.slot
+        if where.entry is not None:
             self._keep(slot, 0, kv)
             kv.removals.append((slot.seq_id, 0))
-            kv.restores.append((slot.seq_id, entry, host_n))
-            slot.tokens = entry.tokens[:host_n]
-        elif best_busy is not None and best_busy_n > best_free_n:
+            kv.restores.append((slot.seq_id, where.entry, where.reused))
+            slot.tokens = where.entry.tokens[:where.reused]
+        elif where.source is not None:
             self._keep(slot, 0, kv)
             kv.removals.append((slot.seq_id, 0))
-            kv.copies.append((best_busy.seq_id, slot.seq_id, 0, best_busy_n))
-            slot.tokens = context[:best_busy_n]
+            kv.copies.append((where.source.seq_id, slot.seq_id, 0, where.reused))
+            slot.tokens = context[:where.reused]
         else:
-            self._keep(slot, best_free_n, kv)
-            kv.removals.append((slot.seq_id, best_free_n))
-            del slot.tokens[best_free_n:]
+            self._keep(slot, where.reused, kv)
+            kv.removals.append((slot.seq_id, where.reused))
+            del slot.tokens[where.reused:]
         slot.owner = seq
         seq.slot = slot.seq_id
         seq.n_fed = seq.reused = len(slot.tokens)
@@ -399,11 +420,14 @@ class Scheduler:
 
     def reusable(self, context: list[int]) -> int:
         """How many leading tokens of `context` a sequence placed now would not compute:
-        the longest prefix a slot or the host cache holds (all but the last token, which
-        must run to give logits). Read from other threads for forecasts: a torn read only
-        makes the answer a step stale."""
+        what `_choose` would reuse with a slot free; with none free (it waits), the longest
+        prefix any slot or the host cache holds. Read from other threads for forecasts: a
+        torn read only makes the answer a step stale."""
         if not self.prefix_reuse or not context:
             return 0
+        free = [s for s in self.slots if s.owner is None]
+        if free:
+            return self._choose(context, free).reused
         limit = len(context) - 1
         held = max(min(common_prefix(s.tokens, context), limit) for s in self.slots)
         if self.host is not None and held < limit - MIN_RESTORE:  # else none is restored
