@@ -216,6 +216,65 @@ def eval_cache(args: argparse.Namespace) -> int:
     return 0
 
 
+def _eval_judge_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--url", required=True, help="an OpenAI-compatible server that serves the model "
+                   "(e.g. a running `redline serve`; its cache is bypassed)")
+    p.add_argument("--model", required=True, help="the model whose answers the judge compares")
+    p.add_argument("--config", help="YAML config file (cache.shadow_agreement, cache.embedder_path)")
+    p.add_argument("--max-tokens", type=int, default=48)
+    p.add_argument("--concurrency", type=int, default=4)
+    p.add_argument("--limit", type=int, default=0, help="first N pairs of each part (0: all)")
+    p.add_argument("--api-key", default=None, help="a bearer key for the server")
+    p.add_argument("--write", metavar="BUNDLED", help="keep the tuning part's rates for this "
+                   "bundled model in redline/cache/data/judge.json (the test part is only printed)")
+
+
+@command("eval-judge", "how often the error budget's judge errs on a model's answers, on the "
+         "tuning part and the test part of the labelled pairs")(_eval_judge_args)
+def eval_judge(args: argparse.Namespace) -> int:
+    import asyncio
+
+    import httpx
+
+    from redline.cache import judge
+    from redline.cache.embedder import load_minilm
+    from redline.cache.evaluate import TEST_PAIRS, TUNE_PAIRS, load_pairs
+    from redline.cache.judge_eval import answers, rates, write
+
+    cfg = load_config(args.config).cache
+    tune = [p for path in TUNE_PAIRS for p in load_pairs(path)]
+    test = load_pairs(TEST_PAIRS)
+    if args.limit:
+        tune, test = tune[:args.limit], test[:args.limit]
+    questions = sorted({q for p in tune + test for q in (p.a, p.b)})
+    headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
+
+    async def ask() -> dict[str, str]:
+        async with httpx.AsyncClient(base_url=args.url, timeout=600, headers=headers) as client:
+            return await answers(client, args.model, questions, args.max_tokens, args.concurrency)
+
+    said = asyncio.run(ask())
+    embedder = load_minilm(cfg.embedder_path, 0)
+    agreement = cfg.shadow_agreement
+    print(f"model {args.model}, {len(questions)} questions answered (max_tokens "
+          f"{args.max_tokens}, temperature 0); judge agreement {agreement:.2f}")
+    print("| part | same pairs | judged wrong (false_wrong) | diff pairs | judged wrong "
+          "(true_wrong) | separation |")
+    print("|---|---|---|---|---|---|")
+    found = {}
+    for name, pairs in (("tuning", tune), ("test", test)):
+        r = found[name] = rates(pairs, said, embedder, agreement)
+        print(f"| {name} | {r.same} | {r.false_wrong:.3f} | {r.diff} | {r.true_wrong:.3f} | "
+              f"{r.true_wrong - r.false_wrong:+.3f} |")
+    t = found["tuning"]
+    print(f"set models[].judge_false_wrong: {t.false_wrong:.3f}, judge_true_wrong: "
+          f"{t.true_wrong:.3f} for {args.model} (from the tuning part)")
+    if args.write:
+        write(judge.CALIBRATION, args.write, agreement, t, args.model, args.max_tokens)
+        print(f"written for bundled {args.write!r} to {judge.CALIBRATION}")
+    return 0
+
+
 def _eval_router_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", help="YAML config file (routing.classifier, classifier_min_confidence)")
     p.add_argument("--classifier", choices=("features", "embeddings"),

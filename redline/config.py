@@ -150,6 +150,13 @@ class ModelConfig(_Section):
         "(past prefix_cache_tokens): a prompt that shares a longer prefix with a saved one is "
         "copied back instead of computed (llama-server's --cache-ram); least recently used out "
         "first; 0: off")
+    judge_false_wrong: float | None = Field(
+        None, ge=0.0, le=1.0, description="the error budget's judge on this model's answers: "
+        "the share of right semantic hits it calls wrong (`redline eval-judge` measures it). "
+        "None: the bundled model's measured value, else 0 (the judge is taken at its word)")
+    judge_true_wrong: float | None = Field(
+        None, ge=0.0, le=1.0, description="the same judge: the share of wrong semantic hits it "
+        "calls wrong. None: the bundled model's measured value, else 1")
     size_rank: int = Field(1, description="1 = smallest; routing orders models by it")
     scheduling: Literal["priority", "fcfs"] = Field(
         "priority", description="local: 'priority' prefills tier S before waiting A and B work, "

@@ -250,3 +250,77 @@ def test_the_sample_is_every_nth_hit() -> None:
     none = Verifier(CacheConfig(shadow_sample=0.0), MemoryStore(), ShadowGenerator({}))
     none.note(_req("q"), "fake", "e", 0.9, "a", served=False)
     assert not none._pending
+
+
+# -- a judge that errs: its verdicts corrected by its measured error rates -----
+def test_the_estimate_is_corrected_for_the_judges_errors() -> None:
+    from redline.cache.error_budget import JudgeErrors
+
+    fair = JudgeErrors(false_wrong=0.1, true_wrong=0.9)
+    b = ErrorBudget(0.02, 0.70, step=0.05, loosen_after=1000)
+    for i in range(60):  # 10 % called wrong: what this judge says of right hits alone
+        b.record(0.9, i % 10 == 9, fair)
+    est = b.estimate()
+    assert est.observed == 0.1 and est.rate < 1e-9  # corrected: no wrong hit in evidence
+    assert b.threshold == 0.70  # where raw verdicts (lower bound ~5 %) would have tightened
+    raw = ErrorBudget(0.02, 0.70, step=0.05, loosen_after=1000)
+    for i in range(60):
+        raw.record(0.9, i % 10 == 9)
+    assert raw.threshold > 0.70
+    for _ in range(30):  # then half called wrong: (0.5 - 0.1) / 0.8 = 0.5 of hits are wrong
+        b.record(0.9, True, fair)
+        b.record(0.9, False, fair)
+    assert b.threshold > 0.70
+
+
+def test_a_judge_that_cannot_tell_moves_nothing() -> None:
+    from redline.cache.error_budget import JudgeErrors
+
+    blind = JudgeErrors(false_wrong=0.80, true_wrong=0.908)  # SmolLM2's answers, tuning part
+    b = ErrorBudget(0.02, 0.70)
+    for i in range(100):
+        assert b.record(0.9, i % 5 != 0, blind) == "held"
+    est = b.estimate()
+    assert (est.lower, est.upper) == (0.0, 1.0) and est.observed == 0.8
+    assert b.threshold == 0.70 and b.semantic_on
+
+
+def test_errors_for_a_model() -> None:
+    from redline.cache.error_budget import PERFECT, JudgeErrors
+    from redline.cache.judge import calibration, errors_for
+    from redline.config import ModelConfig
+
+    smol = ModelConfig(name="smol", bundled="smollm2-135m-instruct")
+    measured = calibration()["smollm2-135m-instruct"]
+    assert errors_for(smol, measured["agreement"]) == JudgeErrors(
+        measured["false_wrong"], measured["true_wrong"])
+    assert errors_for(smol, 0.5) == PERFECT  # measured at another agreement: not these rates
+    set_ = ModelConfig(name="big", backend="openai", url="http://x", judge_false_wrong=0.1,
+                       judge_true_wrong=0.9)
+    assert errors_for(set_, 0.8) == JudgeErrors(0.1, 0.9)
+    assert errors_for(ModelConfig(name="other", backend="openai", url="http://x"), 0.8) == PERFECT
+
+
+def test_a_blind_judges_wrong_verdict_bars_nothing(tmp_path: Path) -> None:
+    """The same pair as test_a_wrong_hit_raises_the_entry_bar_and_the_threshold, judged by
+    a judge measured to call 80 % of right hits wrong: the hit stays served."""
+    book = Book({Q1: "It left the depot on Monday.", Q2: "It was delivered on Friday."})
+    cfg = RedlineConfig(server={"data_dir": str(tmp_path)}, store={"url": "memory://"},
+                        cache={"similarity_threshold": 0.8, "shadow_sample": 1.0},
+                        models=[{"name": "fake", "backend": "openai", "url": "http://127.0.0.1:9",
+                                 "judge_false_wrong": 0.8, "judge_true_wrong": 0.9}])
+    app = create_app(cfg, backends={"fake": book})
+    services_of(app).pipeline.cache.embedder = HashingEmbedder()
+    with TestClient(app) as client:
+        _ready(client)
+        cache = services_of(client.app).pipeline.cache
+        assert _ask(client, Q1) == "miss"
+        _wait(lambda: not cache._tasks)
+        assert _ask(client, Q2) == "semantic"
+        _wait(lambda: cache.verifier.verdicts == 1)
+        assert cache.verifier.threshold == 0.8  # a verdict this judge gives most right hits
+        assert _ask(client, Q2) == "semantic"  # no bar on the entry either
+        budget = client.get("/v1/admin/stats").json()["cache_budget"]
+        assert budget["observed"] == 1.0 and budget["lower"] == 0.0 and budget["upper"] == 1.0
+        assert budget["rate"] is None and budget["judge_informative"] is False
+        assert 'redline_cache_wrong_hit_rate{value="estimate"} NaN' in client.get("/metrics").text

@@ -103,7 +103,7 @@ async def usage(request: Request, start: float | None = Query(None, ge=0),
             "has_more": len(ordered) > limit, "last_id": data[-1]["id"] if data else None}
 
 
-def _cache_budget(state: Any) -> dict[str, float | int | bool] | None:
+def _cache_budget(state: Any) -> dict[str, float | int | bool | None] | None:
     """The semantic cache's error budget (cache.max_wrong_hit_rate), when it is kept."""
     cache = state.pipeline.cache
     verifier = cache.verifier if cache is not None else None

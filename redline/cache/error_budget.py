@@ -20,6 +20,16 @@ Hysteresis on the two bounds, so that little evidence moves nothing:
   Loosening is slow by design: at a 2 % budget the upper bound needs ~135 right
   verdicts in a row to fall under it.
 
+The judge errs, and how much depends on the model whose answers it compares: a small
+model answers two wordings of one question about as differently as two different
+questions (SmolLM2-135M: the judge called 80 % of true paraphrases wrong on the tuning
+part). Each verdict carries its judge's measured error rates (`JudgeErrors`: the share of
+right hits it calls wrong, `false_wrong`, and of wrong hits it calls wrong, `true_wrong`;
+`redline eval-judge` measures them on labelled pairs) and the rate is corrected for them
+(Rogan-Gladen: true = (observed - false_wrong) / (true_wrong - false_wrong)), bounds too.
+A judge that tells the two apart no better than `MIN_SEPARATION` moves nothing: its
+bounds are [0, 1]. The default, an uncalibrated judge, is taken at its word (0 and 1).
+
 Pure and synchronous; the cache owns one (per replica) and the metrics read it.
 """
 
@@ -31,6 +41,28 @@ from dataclasses import dataclass
 
 Z95 = 1.645  # one-sided 95 %
 CEILING = 0.99  # above this a "semantic" hit is an exact one in all but spelling: turn off
+MIN_SEPARATION = 0.2  # true_wrong - false_wrong below this: the verdicts say nothing
+
+
+@dataclass(frozen=True)
+class JudgeErrors:
+    """How often the judge says "wrong": of right hits (`false_wrong`) and of wrong ones
+    (`true_wrong`), as measured on labelled pairs with one model's answers."""
+
+    false_wrong: float = 0.0
+    true_wrong: float = 1.0
+
+    @property
+    def separation(self) -> float:
+        return self.true_wrong - self.false_wrong
+
+    @property
+    def likelihood_ratio(self) -> float:
+        """How much more likely a "wrong" verdict is on a wrong hit than on a right one."""
+        return math.inf if self.false_wrong <= 0 else self.true_wrong / self.false_wrong
+
+
+PERFECT = JudgeErrors()
 
 
 def wilson(wrong: int, n: int, z: float = Z95) -> tuple[float, float]:
@@ -47,10 +79,16 @@ def wilson(wrong: int, n: int, z: float = Z95) -> tuple[float, float]:
 @dataclass(frozen=True)
 class Estimate:
     verified: int  # verdicts over the current threshold
-    wrong: int
-    rate: float  # wrong / verified (0 with none)
+    wrong: int  # of which the judge called wrong
+    rate: float  # the wrong-hit rate, corrected for the judge's errors (0 with none)
     lower: float
     upper: float
+    observed: float = 0.0  # wrong / verified, as the judge said
+    informative: bool = True  # False: the judge cannot tell right hits from wrong ones
+
+
+def _corrected(x: float, false_wrong: float, true_wrong: float) -> float:
+    return min(1.0, max(0.0, (x - false_wrong) / (true_wrong - false_wrong)))
 
 
 class ErrorBudget:
@@ -60,22 +98,36 @@ class ErrorBudget:
         self.loosen_after = loosen_after
         self.threshold = floor
         self.semantic_on = True
-        self._verdicts: deque[tuple[float, bool]] = deque(maxlen=window)
+        self._verdicts: deque[tuple[float, bool, JudgeErrors]] = deque(maxlen=window)
         self._since_move = 0
 
     def estimate(self, threshold: float | None = None) -> Estimate:
         t = self.threshold if threshold is None else threshold
         n = wrong = 0
-        for similarity, was_wrong in self._verdicts:
+        false_wrong = true_wrong = 0.0
+        for similarity, was_wrong, judge in self._verdicts:
             if similarity >= t:
                 n += 1
                 wrong += was_wrong
+                false_wrong += judge.false_wrong
+                true_wrong += judge.true_wrong
         lower, upper = wilson(wrong, n)
-        return Estimate(n, wrong, wrong / n if n else 0.0, lower, upper)
+        observed = wrong / n if n else 0.0
+        if not n:
+            return Estimate(0, 0, 0.0, lower, upper)
+        false_wrong, true_wrong = false_wrong / n, true_wrong / n  # the band's judges, on average
+        if true_wrong - false_wrong < MIN_SEPARATION:  # it cannot tell: no bound holds
+            rate = _corrected(observed, false_wrong, true_wrong) if true_wrong > false_wrong \
+                else observed
+            return Estimate(n, wrong, rate, 0.0, 1.0, observed, informative=False)
+        return Estimate(n, wrong, _corrected(observed, false_wrong, true_wrong),
+                        _corrected(lower, false_wrong, true_wrong),
+                        _corrected(upper, false_wrong, true_wrong), observed)
 
-    def record(self, similarity: float, wrong: bool) -> str:
-        """One verdict; returns what it did: "tightened", "off", "loosened", "on" or "held"."""
-        self._verdicts.append((similarity, wrong))
+    def record(self, similarity: float, wrong: bool, judge: JudgeErrors = PERFECT) -> str:
+        """One verdict (by a judge with these errors); returns what it did: "tightened",
+        "off", "loosened", "on" or "held"."""
+        self._verdicts.append((similarity, wrong, judge))
         self._since_move += 1
         served = self.threshold if self.semantic_on else CEILING
         if self.estimate(served).lower > self.budget:

@@ -14,16 +14,34 @@ It errs towards "wrong": an answer that is right but worded very differently cou
 wrong hit, which only makes the cache more careful (the budget tightens), never serves
 more wrong answers. For sampled requests (`cache_sampled`) the fresh answer is one draw,
 and the judge is as noisy as the sampling.
+
+How often it errs depends on the model: `redline eval-judge` measures it on labelled
+pairs (the share of paraphrase pairs whose two answers it calls different, and of
+different-question pairs), and the error budget corrects its estimate by those rates
+(error_budget.py). `errors_for` gives a model's: set in its config, else the bundled
+model's measured values (`data/judge.json`, written from the tuning part only), else none
+(the judge taken at its word).
 """
 
 from __future__ import annotations
 
+import functools
+import json
 import re
+from collections.abc import Iterable
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from redline.cache import guard
 from redline.cache.embedder import Embedder
+from redline.cache.error_budget import PERFECT, JudgeErrors
+
+if TYPE_CHECKING:
+    from redline.config import ModelConfig
+
+CALIBRATION = Path(__file__).resolve().parent / "data" / "judge.json"
 
 _PUNCT = re.compile(r"[^\w\s]+")
 
@@ -44,3 +62,28 @@ def wrong(served: str, fresh: str, embedder: Embedder, agreement: float) -> bool
         return True
     rows = np.asarray(embedder.encode([served, fresh]), dtype=np.float32)  # [2, dim], unit rows
     return float(rows[0] @ rows[1]) < agreement
+
+
+@functools.cache
+def calibration() -> dict[str, dict[str, float]]:
+    """Bundled models' measured judge errors, by bundled name (and the agreement used)."""
+    try:
+        data: dict[str, dict[str, float]] = json.loads(CALIBRATION.read_text())["models"]
+    except (OSError, ValueError, KeyError):
+        return {}
+    return data
+
+
+def errors_for(model: ModelConfig, agreement: float) -> JudgeErrors:
+    """The judge's error rates on `model`'s answers at `agreement`."""
+    if model.judge_false_wrong is not None or model.judge_true_wrong is not None:
+        return JudgeErrors(model.judge_false_wrong or 0.0,
+                           1.0 if model.judge_true_wrong is None else model.judge_true_wrong)
+    measured = calibration().get(model.bundled or "")
+    if measured is not None and abs(measured["agreement"] - agreement) < 1e-9:
+        return JudgeErrors(measured["false_wrong"], measured["true_wrong"])
+    return PERFECT
+
+
+def errors_by_model(models: Iterable[ModelConfig], agreement: float) -> dict[str, JudgeErrors]:
+    return {m.name: errors_for(m, agreement) for m in models}

@@ -38,6 +38,7 @@ from redline.cache import guard
 from redline.cache.confirm import Confirmer
 from redline.cache.confirm import load_model as load_confirm_model
 from redline.cache.embedder import Embedder, load_minilm
+from redline.cache.error_budget import JudgeErrors
 from redline.cache.index import SemanticIndex
 from redline.cache.keys import CacheKeys, cache_keys
 from redline.cache.shadow import ShadowGenerator
@@ -122,7 +123,8 @@ class ResponseCache:
     def __init__(self, cfg: CacheConfig, store: Store, metrics: Metrics | None = None,
                  embedder: Embedder | None = None, embedder_threads: int = 1,
                  backends: Mapping[str, Backend] | None = None,
-                 confirm_embedder: Embedder | None = None) -> None:
+                 confirm_embedder: Embedder | None = None,
+                 judges: Mapping[str, JudgeErrors] | None = None) -> None:
         """`backends`: the models whose answers a semantic hit is checked against (the
         error budget); without them the threshold stays as configured.
         `confirm_embedder`: the borderline check's model (None: load the configured one,
@@ -142,7 +144,7 @@ class ResponseCache:
         self._tasks: set[asyncio.Task[None]] = set()
         self.verifier: Verifier | None = None
         if backends is not None and cfg.semantic:
-            self.verifier = Verifier(cfg, store, ShadowGenerator(backends), metrics)
+            self.verifier = Verifier(cfg, store, ShadowGenerator(backends), metrics, judges)
         self.lookup_seconds: Histogram | None = None
         if metrics is not None and metrics.enabled:  # off: no-op metrics, nothing to add
             self.lookup_seconds = Histogram(

@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
+from collections.abc import Mapping
 from concurrent.futures import Executor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -31,7 +33,7 @@ from prometheus_client import Counter, Gauge
 
 from redline.cache import judge
 from redline.cache.embedder import Embedder
-from redline.cache.error_budget import ErrorBudget
+from redline.cache.error_budget import PERFECT, ErrorBudget, JudgeErrors
 from redline.cache.shadow import ShadowGenerator
 from redline.store.base import Store, StoreUnavailable
 from redline.types import GenerationRequest
@@ -45,6 +47,9 @@ log = logging.getLogger(__name__)
 
 BAR = "rl:cache:bar:"  # entry key → the similarity a semantic hit on it needs now
 BAR_MARGIN = 0.02
+# a "wrong" verdict raises the entry's bar only from a judge this many times likelier to say
+# it of a wrong hit than of a right one (a judge that cannot tell would bar paraphrases)
+MIN_BAR_RATIO = 4.0
 QUEUE = 64
 
 
@@ -61,8 +66,12 @@ class Check:
 
 class Verifier:
     def __init__(self, cfg: CacheConfig, store: Store, generator: ShadowGenerator,
-                 metrics: Metrics | None = None) -> None:
+                 metrics: Metrics | None = None,
+                 judges: Mapping[str, JudgeErrors] | None = None) -> None:
+        """`judges`: the judge's measured error rates on each model's answers (judge.py
+        `errors_by_model`); a model not in it is taken at its word."""
         self.cfg, self.store, self.generator = cfg, store, generator
+        self.judges = dict(judges or {})
         self.budget = ErrorBudget(cfg.max_wrong_hit_rate, cfg.similarity_threshold,
                                   step=cfg.threshold_step, loosen_after=cfg.loosen_after)
         self.embedder: Embedder | None = None  # the cache's, once loaded
@@ -117,14 +126,19 @@ class Verifier:
         b = self.budget
         self.m_threshold.set(b.threshold if b.semantic_on else 1.0)
         est = b.estimate()
-        for name, value in (("estimate", est.rate), ("lower", est.lower), ("upper", est.upper)):
+        rate = est.rate if est.informative else math.nan  # no estimate from a blind judge
+        for name, value in (("estimate", rate), ("lower", est.lower), ("upper", est.upper)):
             self.m_rate.labels(name).set(value)
 
-    def summary(self) -> dict[str, float | int | bool]:
-        """The budget as the dashboard shows it (this replica)."""
+    def summary(self) -> dict[str, float | int | bool | None]:
+        """The budget as the dashboard shows it (this replica); `rate` None when the judge
+        cannot tell right hits from wrong ones on these models' answers."""
         b, est = self.budget, self.budget.estimate()
         return {"budget": b.budget, "threshold": b.threshold, "semantic_on": b.semantic_on,
-                "verified": est.verified, "wrong": est.wrong, "rate": round(est.rate, 4),
+                "verified": est.verified, "wrong": est.wrong,
+                "rate": round(est.rate, 4) if est.informative else None,
+                "judge_informative": est.informative,
+                "observed": round(est.observed, 4),
                 "lower": round(est.lower, 4), "upper": round(est.upper, 4),
                 "checks": self.verdicts}
 
@@ -216,11 +230,12 @@ class Verifier:
             self.m_verified.labels(hit).inc()
             if wrong:
                 self.m_wrong.labels(hit).inc()
-        moved = self.budget.record(check.similarity, wrong)
+        errors = self.judges.get(check.model, PERFECT)
+        moved = self.budget.record(check.similarity, wrong, errors)
         if moved != "held":
             log.warning("semantic cache %s: threshold %.2f, wrong-hit rate %s", moved,
                         self.budget.threshold, self.budget.estimate())
-        if wrong:
+        if wrong and errors.likelihood_ratio >= MIN_BAR_RATIO:
             await self._raise_bar(check.entry, check.similarity)
         self._publish()
 

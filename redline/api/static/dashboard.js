@@ -24,7 +24,9 @@ function budgetTiles(b) {
   if (!b) return [];
   return [
     ["wrong semantic hits (≤ 95% bound) / budget",
-     `${pct(b.rate)} (≤ ${pct(b.upper)}) / ${pct(b.budget)} · ${b.wrong} of ${b.verified}`],
+     b.judge_informative === false
+       ? `judge cannot tell on these answers (${b.wrong} of ${b.verified} called wrong) / ${pct(b.budget)}`
+       : `${pct(b.rate)} (≤ ${pct(b.upper)}) / ${pct(b.budget)} · ${b.wrong} of ${b.verified}`],
     ["semantic threshold", b.semantic_on ? b.threshold.toFixed(2) : "off"],
   ];
 }

@@ -1,0 +1,74 @@
+"""How often the error budget's judge errs on one model's answers (`redline eval-judge`).
+
+For every question of the labelled pairs the model answers (temperature 0, through any
+OpenAI-compatible server, redline's cache bypassed); the judge (judge.py) then compares
+the two answers of each pair, as a shadow check compares the served and the fresh answer:
+- `false_wrong`: the share of paraphrase pairs ("same") whose answers it calls different:
+  right hits it would count as wrong;
+- `true_wrong`: the share of different-question pairs ("diff") it calls different.
+Reported on the tuning part and on the test part apart; `--write` keeps the tuning part's
+rates for a bundled model in data/judge.json (the test part is only reported).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+from redline.cache import judge
+from redline.cache.embedder import Embedder
+from redline.cache.evaluate import Pair
+
+
+@dataclass(frozen=True)
+class JudgeRates:
+    false_wrong: float  # of "same" pairs, called wrong
+    true_wrong: float  # of "diff" pairs, called wrong
+    same: int
+    diff: int
+
+
+async def answers(client: httpx.AsyncClient, model: str, questions: Sequence[str],
+                  max_tokens: int, concurrency: int = 4) -> dict[str, str]:
+    """The model's answer to each question (greedy; a cache in front is bypassed)."""
+    gate = asyncio.Semaphore(concurrency)
+    out: dict[str, str] = {}
+
+    async def one(question: str) -> None:
+        async with gate:
+            r = await client.post("/v1/chat/completions", headers={"Cache-Control": "no-cache"},
+                                  json={"model": model, "temperature": 0, "max_tokens": max_tokens,
+                                        "messages": [{"role": "user", "content": question}]})
+            r.raise_for_status()
+            out[question] = r.json()["choices"][0]["message"]["content"] or ""
+
+    await asyncio.gather(*(one(q) for q in questions))
+    return out
+
+
+def rates(pairs: Sequence[Pair], said: dict[str, str], embedder: Embedder,
+          agreement: float) -> JudgeRates:
+    wrong = {True: 0, False: 0}
+    count = {True: 0, False: 0}
+    for p in pairs:
+        count[p.same] += 1
+        wrong[p.same] += judge.wrong(said[p.a], said[p.b], embedder, agreement)
+    return JudgeRates(wrong[True] / max(1, count[True]), wrong[False] / max(1, count[False]),
+                      count[True], count[False])
+
+
+def write(path: Path, bundled: str, agreement: float, tune: JudgeRates, model: str,
+          max_tokens: int) -> None:
+    data = json.loads(path.read_text()) if path.exists() else {"models": {}}
+    data["models"][bundled] = {
+        "agreement": agreement, "false_wrong": round(tune.false_wrong, 4),
+        "true_wrong": round(tune.true_wrong, 4), "same_pairs": tune.same,
+        "diff_pairs": tune.diff, "served_as": model, "max_tokens": max_tokens,
+        "measured_on": "the tuning part (bench/data/cache_pairs.tsv, cache_pairs_tune.tsv)"}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
