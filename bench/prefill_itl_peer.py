@@ -10,7 +10,8 @@ given `--warm-tokens` tokens, a prompt of about `--prompt` tokens arrives (strea
 own new text, so no cache holds it); the streams then run to their end (a stream whose
 client leaves goes on in redline, for a resume, and would load the cores during the other
 server's round). The client stamps every token as it arrives. TPOT is
-the median gap between the streams' tokens before the prompt came; "during" is every gap
+the median gap between the streams' tokens before the prompt came, once all of them were
+decoding (no gap that spans the streams' own prompts); "during" is every gap
 that ended after it arrived and began before its first token. The goal: ITL p99 during
 the prefill <= 2x TPOT. redline is asked in tier A with its response cache off. The
 gaps' p99 before the prompt came (the client's and the machine's own jitter) is printed
@@ -92,12 +93,14 @@ async def one_round(url: str, extra: dict[str, Any], streams: int, prompt_words:
         # redline (for a resume), and would load the cores during the next server's round
         await asyncio.gather(*tasks)
     ttft_at = first[0] if first else time.perf_counter()
+    steady = max(s[0] for s in stamps)  # every stream decoding: their own prompts are done
     before: list[float] = []
     during: list[float] = []
     for s in stamps:
         for a, b in zip(s, s[1:], strict=False):
             if b <= arrived:
-                before.append(b - a)
+                if a >= steady:
+                    before.append(b - a)
             elif a < ttft_at:
                 during.append(b - a)
     return before, during, ttft_at - arrived
@@ -117,7 +120,7 @@ def main() -> int:
     ap.add_argument("--streams", type=int, default=7)
     ap.add_argument("--prompt-words", type=int, default=1100, help="~1,500 tokens")
     ap.add_argument("--rounds", type=int, default=2)
-    ap.add_argument("--warm-tokens", type=int, default=16)
+    ap.add_argument("--warm-tokens", type=int, default=24)
     args = ap.parse_args()
     binary = find_or_build_llama_server(args.llama_server)
     model_file = served_path(bundled_path(MODEL, ROOT / ".redline" / "models"), "auto")
