@@ -99,6 +99,8 @@ async def main() -> None:
     ap.add_argument("--weights", default="auto")
     ap.add_argument("--threads", type=int, default=0)
     ap.add_argument("--slack", default="0.5", help="the adaptive budget's slack(s), comma-separated")
+    ap.add_argument("--floor", default="8", help="the adaptive budget's floor(s) in tokens "
+                    "(models[].prefill_floor_tokens), comma-separated")
     args = ap.parse_args()
     path = served_path(bundled_path("smollm2-135m-instruct", ROOT / ".redline" / "models"),
                        args.weights)
@@ -107,15 +109,19 @@ async def main() -> None:
                     n_batch=512, n_threads=args.threads, prefix_reuse=False)
     prompt = long_prompt(model, args.prompt)
     slacks = [float(x) for x in args.slack.split(",")]
-    modes: dict[str, float | None] = {"fixed": None}
+    floors = [int(x) for x in args.floor.split(",")]
+    modes: dict[str, tuple[float | None, int]] = {"fixed": (None, 8)}
     for value in slacks:
-        modes["adaptive" if len(slacks) == 1 else f"adaptive {value:g}"] = value
+        for floor in floors:
+            name = "adaptive" + (f" {value:g}" if len(slacks) > 1 else "") + (
+                f" floor {floor}" if len(floors) > 1 else "")
+            modes[name] = (value, floor)
     got: dict[str, tuple[list[float], list[float], list[float]]] = {
         m: ([], [], []) for m in modes}
     try:
         for r in range(args.rounds):
-            for mode, slack in modes.items():
-                engine.scheduler.budget = PrefillBudget(512, slack)  # learns afresh each round
+            for mode, (slack, floor) in modes.items():
+                engine.scheduler.budget = PrefillBudget(512, slack, floor)  # learns afresh
                 before, during, ttft = await one_round(engine, model, args.streams, prompt,
                                                        args.warm_tokens)
                 got[mode][0].extend(before)

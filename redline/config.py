@@ -167,6 +167,11 @@ class ModelConfig(_Section):
         0.5, gt=0, description="local: while streams decode, a step carries only the prompt "
         "tokens that fit in this share of a decode-only step (measured), so their inter-token "
         "latency stays within (1 + slack)x their TPOT; None: the rest of n_batch every step")
+    prefill_floor_tokens: int = Field(
+        8, ge=1, description="local: prompt tokens a step carries at least while streams "
+        "decode (prefill_slack's budget never goes below it). 8: the decoding streams' ITL p99 "
+        "during a 1,500-token prefill was ~3x their TPOT here, the newcomer's TTFT ~10 s; 1: "
+        "2.0x, and ~19 s (docs/BENCHMARKS.md)")
     speculative: SpeculativeConfig = Field(
         default_factory=lambda: SpeculativeConfig(method="off"),
         description="local: n-gram speculative decoding, e.g. `{method: ngram, max_draft: 4}`; "

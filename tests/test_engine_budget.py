@@ -154,3 +154,16 @@ def test_a_short_prompt_runs_in_one_step_and_a_long_one_is_chunked_to_its_end(lo
         batches.append(step(s, cost))
     assert len(batches) > 50  # chunked all the way
     assert all(cost(b) <= 1.5 * decode_only + 1e-9 for b in batches)
+
+
+def test_the_floor_is_set_per_model() -> None:
+    """`models[].prefill_floor_tokens`: a step carries at least that many prompt tokens,
+    however dear they are (1: the smallest chunks, the streams' gaps shortest)."""
+    for floor in (1, 8, 32):
+        b = PrefillBudget(512, slack=0.5, floor=floor)
+        b.observe(7, 0, 0.020)
+        b.observe(7, 16, 0.020 + 16 * 0.01)  # 10 ms a prompt token: 1 token fits in the slack
+        assert b.tokens(7) == floor
+    from redline.config import ModelConfig
+
+    assert ModelConfig(name="m", bundled="smollm2-135m-instruct").prefill_floor_tokens == FLOOR

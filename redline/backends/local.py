@@ -54,6 +54,7 @@ class LocalBackend:
                              prefix_reuse=self.cfg.prefix_reuse, arbiter=self.arbiter,
                              name=cfg.name, cache_cells=self._cache_cells(),
                              tiers=cfg.scheduling == "priority", prefill_slack=cfg.prefill_slack,
+                             prefill_floor=cfg.prefill_floor_tokens,
                              speculative=self._speculative(),
                              host_cache_bytes=cfg.host_cache_mb << 20)
 

@@ -25,14 +25,15 @@ from __future__ import annotations
 
 ALPHA = 0.2  # weight of the newest step in the running averages
 FIRST = 64  # tokens per step before the costs are known
-FLOOR = 8  # a prompt always advances
+FLOOR = 8  # a prompt always advances (the default floor: `floor` per budget)
 WHOLE_S = 0.1  # a prompt (its uncached part) with at most this much work runs in one step
 
 
 class PrefillBudget:
-    def __init__(self, n_batch: int, slack: float | None = 0.5) -> None:
+    def __init__(self, n_batch: int, slack: float | None = 0.5, floor: int = FLOOR) -> None:
         self.n_batch = n_batch
         self.slack = slack  # None: fixed (the whole rest of the batch, every step)
+        self.floor = floor  # prompt tokens a step carries at least
         self.decode_s: float | None = None  # a decode-only step
         self.token_s: float | None = None  # what one prompt token adds to a step
 
@@ -48,7 +49,7 @@ class PrefillBudget:
         if self.decode_s is None or self.token_s is None:
             return max(0, min(room, FIRST))
         fit = int(self.slack * self.decode_s / max(self.token_s, 1e-9))
-        return max(0, min(room, max(FLOOR, fit)))
+        return max(0, min(room, max(self.floor, fit)))
 
     def whole(self, left: int) -> bool:
         """A prompt with `left` tokens to compute may run in one step, past `tokens`."""

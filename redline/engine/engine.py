@@ -44,7 +44,7 @@ class Engine:
     def __init__(self, model: LlamaModel, *, n_ctx_per_seq: int, n_seq_max: int, n_batch: int,
                  n_threads: int, prefix_reuse: bool = True, arbiter: StepArbiter | None = None,
                  name: str = "engine", cache_cells: int | None = None, tiers: bool = True,
-                 prefill_slack: float | None = 0.5,
+                 prefill_slack: float | None = 0.5, prefill_floor: int = 8,
                  speculative: NgramSettings | None = None, host_cache_bytes: int = 0) -> None:
         self.model = model
         self.n_ctx_per_seq = n_ctx_per_seq
@@ -53,7 +53,8 @@ class Engine:
         # prefixes the KV buffer forgets, kept in host memory (none with 0 bytes or no reuse)
         self.host = HostCache(host_cache_bytes) if host_cache_bytes > 0 and prefix_reuse else None
         self.scheduler = Scheduler(n_seq_max, n_batch, prefix_reuse, cache_cells, tiers,
-                                   PrefillBudget(n_batch, prefill_slack), speculative, self.host)
+                                   PrefillBudget(n_batch, prefill_slack, prefill_floor),
+                                   speculative, self.host)
         self.forecast = Forecast(n_seq_max, self.scheduler.budget)
         self.scheduler.step_cost = self.forecast.step_s  # how streams nobody reads ride
         self._inbox: list[Sequence] = []
