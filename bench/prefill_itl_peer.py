@@ -121,6 +121,8 @@ def main() -> int:
     ap.add_argument("--prompt-words", type=int, default=1100, help="~1,500 tokens")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--warm-tokens", type=int, default=24)
+    ap.add_argument("--redline-config", default=None, help="a YAML config instead of the "
+                    "default (e.g. models[].prefill_floor_tokens: 1)")
     args = ap.parse_args()
     binary = find_or_build_llama_server(args.llama_server)
     model_file = served_path(bundled_path(MODEL, ROOT / ".redline" / "models"), "auto")
@@ -128,7 +130,7 @@ def main() -> int:
     procs = []
     got: dict[str, tuple[list[float], list[float], list[float]]] = {}
     try:
-        p1, red_url = start_redline(tmp, None)
+        p1, red_url = start_redline(tmp, args.redline_config)
         p2, peer_url = start_llama_server(binary, model_file)
         procs += [p1, p2]
         servers = {"redline": (red_url, REDLINE_EXTRA), "llama-server": (peer_url, {})}
