@@ -27,7 +27,6 @@ import json
 import os
 import random
 import re
-import socket
 import subprocess
 import sys
 import tempfile
@@ -40,16 +39,12 @@ import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+from routing_common import free_port, wait_up  # noqa: E402  (bench/ is on the path)
+
 from redline.cache.evaluate import load_pairs  # noqa: E402
 
 MODEL = "smollm2-135m-instruct"
 ADMIN = "budget-admin"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def metrics(client: httpx.Client) -> dict[str, float]:
@@ -142,17 +137,11 @@ def main() -> int:
         url = f"http://127.0.0.1:{port}"
         passes: list[Pass] = []
         try:
-            deadline = time.monotonic() + 300
-            while True:
-                try:
-                    if httpx.get(f"{url}/readyz", timeout=2).status_code == 200:
-                        break
-                except httpx.HTTPError:
-                    pass
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    print(Path(tmp, "log").read_text()[-3000:])
-                    return 1
-                time.sleep(0.2)
+            try:
+                wait_up(url, timeout=300, proc=proc, log=Path(tmp, "log"))
+            except TimeoutError as exc:
+                print(exc)
+                return 1
             t_start = time.monotonic()
             with httpx.Client(base_url=url, timeout=300) as client:
                 for p in range(args.passes):

@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -24,6 +23,7 @@ from typing import Any
 
 import httpx
 import yaml
+from routing_common import free_port, wait_up  # bench/ is on the path
 
 ROOT = Path(__file__).resolve().parent.parent
 MODEL = "smollm2-135m-instruct"
@@ -46,12 +46,6 @@ QUESTIONS = [
     ("Do you ship internationally?", "Do you offer international shipping?"),
     ("How do I upgrade my plan?", "How can I upgrade my plan?"),
 ]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def pct(xs: list[float], p: float) -> float:
@@ -95,17 +89,11 @@ def main() -> int:
                                 stdout=subprocess.DEVNULL, stderr=open(Path(tmp, "log"), "w"))
         url = f"http://127.0.0.1:{port}"
         try:
-            deadline = time.monotonic() + 300
-            while True:
-                try:
-                    if httpx.get(f"{url}/readyz", timeout=2).status_code == 200:
-                        break
-                except httpx.HTTPError:
-                    pass
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    print(Path(tmp, "log").read_text()[-3000:])
-                    return 1
-                time.sleep(0.2)
+            try:
+                wait_up(url, timeout=300, proc=proc, log=Path(tmp, "log"))
+            except TimeoutError as exc:
+                print(exc)
+                return 1
             with httpx.Client(base_url=url, timeout=120) as client:
                 ask(client, "warm up the connection", 4)
                 miss: list[float] = []

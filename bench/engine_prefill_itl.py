@@ -79,15 +79,39 @@ async def one_round(engine: Engine, model: LlamaModel, streams: int, prompt: lis
     await asyncio.sleep(0.2)
     done.set()
     await asyncio.gather(*tasks)
+    before, during = split_gaps(stamps, arrived, first)
+    return before, during, first - arrived
+
+
+def split_gaps(stamps: list[list[float]], arrived: float, first: float,
+               steady: float = 0.0) -> tuple[list[float], list[float]]:
+    """Each stream's gaps between tokens: (those that ended before the prompt `arrived`
+    and began at `steady` or later, those that overlap its prefill, up to its `first`
+    token)."""
     before: list[float] = []
     during: list[float] = []
     for s in stamps:
         for a, b in zip(s, s[1:], strict=False):
             if b <= arrived:
-                before.append(b - a)
+                if a >= steady:
+                    before.append(b - a)
             elif a < first:  # overlaps the prefill
                 during.append(b - a)
-    return before, during, first - arrived
+    return before, during
+
+
+def print_table(first_column: str,
+                got: dict[str, tuple[list[float], list[float], list[float]]]) -> None:
+    """The Markdown table: one row per mode or server, from (before, during, TTFTs)."""
+    print(f"| {first_column} | streams' TPOT (before) | ITL p99 before (no prefill) | ITL p50 "
+          "during prefill | ITL p99 during prefill | p99 / TPOT | newcomer TTFT (median) |")
+    print("|---|---|---|---|---|---|---|")
+    for name, (before, during, ttfts) in got.items():
+        tpot = statistics.median(before)
+        p99, jitter = percentile(during, 99), percentile(before, 99)
+        print(f"| {name} | {tpot * 1e3:.1f} ms | {jitter * 1e3:.1f} ms "
+              f"({jitter / tpot:.2f}x) | {percentile(during, 50) * 1e3:.1f} ms | "
+              f"{p99 * 1e3:.1f} ms | {p99 / tpot:.2f}x | {statistics.median(ttfts):.2f} s |")
 
 
 async def main() -> None:
@@ -135,15 +159,7 @@ async def main() -> None:
         model.close()
     print(f"\n{args.streams} streams decoding, a {args.prompt}-token prompt arrives "
           f"({path.name}, n_batch 512, {args.rounds} rounds per mode)\n")
-    print("| prefill budget | streams' TPOT (before) | ITL p99 before (no prefill) | ITL p50 during "
-          "prefill | ITL p99 during prefill | p99 / TPOT | newcomer TTFT (median) |")
-    print("|---|---|---|---|---|---|---|")
-    for mode, (before, during, ttfts) in got.items():
-        tpot = statistics.median(before)
-        p99, jitter = percentile(during, 99), percentile(before, 99)
-        print(f"| {mode} | {tpot * 1e3:.1f} ms | {jitter * 1e3:.1f} ms "
-              f"({jitter / tpot:.2f}x) | {percentile(during, 50) * 1e3:.1f} ms | "
-              f"{p99 * 1e3:.1f} ms | {p99 / tpot:.2f}x | {statistics.median(ttfts):.2f} s |")
+    print_table("prefill budget", got)
 
 
 if __name__ == "__main__":

@@ -44,12 +44,10 @@ from engine_peer import (  # noqa: E402
     start_llama_server,
     start_redline,
 )
+from engine_prefill_itl import TEXT, print_table, split_gaps  # noqa: E402
 
 from redline.bench.report import percentile  # noqa: E402
 from redline.models import bundled_path, served_path  # noqa: E402
-
-TEXT = ("The harbour master kept a log of every ship that came in: its name, its cargo, the "
-        "weather it met, and the hour it tied up. Read this log and answer the question. ")
 
 
 async def stream_tokens(client: httpx.AsyncClient, body: dict[str, Any], stamps: list[float],
@@ -94,15 +92,7 @@ async def one_round(url: str, extra: dict[str, Any], streams: int, prompt_words:
         await asyncio.gather(*tasks)
     ttft_at = first[0] if first else time.perf_counter()
     steady = max(s[0] for s in stamps)  # every stream decoding: their own prompts are done
-    before: list[float] = []
-    during: list[float] = []
-    for s in stamps:
-        for a, b in zip(s, s[1:], strict=False):
-            if b <= arrived:
-                if a >= steady:
-                    before.append(b - a)
-            elif a < ttft_at:
-                during.append(b - a)
+    before, during = split_gaps(stamps, arrived, ttft_at, steady)
     return before, during, ttft_at - arrived
 
 
@@ -155,15 +145,7 @@ def main() -> int:
     print(f"\n{args.streams} streams decoding, a {n_prompt}-token prompt arrives; {model_file.name}; "
           f"llama-server {' '.join(PEER_FLAGS)}; {args.rounds} rounds per server, interleaved; "
           "client-side token stamps over HTTP/SSE\n")
-    print("| server | streams' TPOT (before) | ITL p99 before (no prefill) | ITL p50 during "
-          "prefill | ITL p99 during prefill | p99 / TPOT | newcomer TTFT (median) |")
-    print("|---|---|---|---|---|---|---|")
-    for name, (before, during, ttfts) in got.items():
-        tpot = statistics.median(before)
-        p99, jitter = percentile(during, 99), percentile(before, 99)
-        print(f"| {name} | {tpot * 1e3:.1f} ms | {jitter * 1e3:.1f} ms ({jitter / tpot:.2f}x) | "
-              f"{percentile(during, 50) * 1e3:.1f} ms | {p99 * 1e3:.1f} ms | {p99 / tpot:.2f}x | "
-              f"{statistics.median(ttfts):.2f} s |")
+    print_table("server", got)
     return 0
 
 

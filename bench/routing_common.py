@@ -34,16 +34,20 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def wait_up(url: str, path: str = "/readyz", timeout: float = 180.0) -> None:
+def wait_up(url: str, path: str = "/readyz", timeout: float = 180.0,
+            proc: subprocess.Popen[bytes] | None = None, log: Path | None = None) -> None:
+    """Until `url + path` answers 200. TimeoutError when it does not in time, or when
+    `proc` (the server) exits first; its message ends with the tail of `log`, if given."""
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    while time.monotonic() < deadline and (proc is None or proc.poll() is None):
         try:
             if httpx.get(url + path, timeout=2).status_code == 200:
                 return
         except httpx.HTTPError:
             pass
         time.sleep(0.1)
-    raise TimeoutError(url)
+    tail = log.read_text(errors="replace")[-3000:] if log is not None and log.exists() else ""
+    raise TimeoutError(f"{url} not ready" + (f":\n{tail}" if tail else ""))
 
 
 class Procs:
