@@ -53,10 +53,6 @@ class JudgeErrors:
     true_wrong: float = 1.0
 
     @property
-    def separation(self) -> float:
-        return self.true_wrong - self.false_wrong
-
-    @property
     def likelihood_ratio(self) -> float:
         """How much more likely a "wrong" verdict is on a wrong hit than on a right one."""
         return math.inf if self.false_wrong <= 0 else self.true_wrong / self.false_wrong

@@ -26,7 +26,7 @@ import time
 from collections.abc import AsyncIterator
 
 from redline.engine.arbiter import StepArbiter
-from redline.engine.budget import PrefillBudget
+from redline.engine.budget import FLOOR, PrefillBudget
 from redline.engine.forecast import Forecast
 from redline.engine.host_cache import Entry, HostCache
 from redline.engine.llama import LlamaModel, LlamaRunner
@@ -44,7 +44,7 @@ class Engine:
     def __init__(self, model: LlamaModel, *, n_ctx_per_seq: int, n_seq_max: int, n_batch: int,
                  n_threads: int, prefix_reuse: bool = True, arbiter: StepArbiter | None = None,
                  name: str = "engine", cache_cells: int | None = None, tiers: bool = True,
-                 prefill_slack: float | None = 0.5, prefill_floor: int = 8,
+                 prefill_slack: float | None = 0.5, prefill_floor: int = FLOOR,
                  speculative: NgramSettings | None = None, host_cache_bytes: int = 0) -> None:
         self.model = model
         self.n_ctx_per_seq = n_ctx_per_seq
