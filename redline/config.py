@@ -408,7 +408,8 @@ class ApiKey(_Section):
     role: Literal["admin", "user"] = Field("user", description="admin: /v1/admin/* and "
                                            "experiment management; user: the API only")
     models: list[str] | None = Field(None, description="the models this key may use (`auto` "
-                                     "only if listed); another is a 404 for it. None: every model")
+                                     "only if listed; embedding models too); another is a 404 "
+                                     "for it. None: every model")
     max_concurrent: int | None = Field(None, ge=1, description="generations at once (streams "
                                        "whose client left count until they end); overrides "
                                        "limits.max_concurrent")

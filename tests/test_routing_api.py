@@ -53,8 +53,11 @@ def test_headers_tell_the_tier_and_model() -> None:
         assert r.headers["x-redline-tier"] == "A" and r.headers["x-redline-model"] == "large"
         r = c.post("/v1/chat/completions", json=body("hello", tier="A", model="small"))
         assert r.headers["x-redline-tier"] == "A" and r.headers["x-redline-model"] == "small"
-        names = [m["id"] for m in c.get("/v1/models").json()["data"]]
-        assert "auto" in names
+        listed = {m["id"]: m["capabilities"] for m in c.get("/v1/models").json()["data"]}
+        assert "auto" in listed
+        # each entry says what it serves; the embedder serves embeddings only
+        assert "chat" in listed["small"] and "chat" in listed["auto"]
+        assert listed.get("all-minilm-l6-v2", ["embeddings"]) == ["embeddings"]
 
 
 def test_overload_answers_503_with_retry_after() -> None:

@@ -215,3 +215,45 @@ def test_a_generation_slot_never_reported_is_freed_after_its_lease() -> None:
     assert slots.acquire("t", "r2", cap=1)
     time.sleep(0.06)  # r2's end never came: the lease backstop frees it
     assert slots.acquire("t", "r3", cap=1) and slots.count("t") == 1
+
+
+def test_embeddings_are_held_to_the_key(tmp_path: Path) -> None:
+    """/v1/embeddings names a model too: a key's allowlist decides whether it may use it,
+    and the tokens it embeds are charged to the key's budget (the bundled MiniLM)."""
+    embed = {"model": "all-minilm-l6-v2", "input": ["how do I reset my password please"]}
+    with ExitStack() as stack:
+        c = replica(stack, config(f"sqlite:///{tmp_path / 'r.db'}"))
+
+        def make(**spec: Any) -> str:
+            r = c.post("/v1/admin/keys", json={"tenant": "team-a", **spec}, headers=bearer(ADMIN))
+            assert r.status_code == 200, r.text
+            return str(r.json()["key"])
+
+        def listed(key: str) -> list[str]:
+            return [m["id"] for m in c.get("/v1/models", headers=bearer(key)).json()["data"]]
+
+        assert "all-minilm-l6-v2" in listed(USER)
+        narrow = make(models=["fake"])
+        assert "all-minilm-l6-v2" not in listed(narrow)
+        r = c.post("/v1/embeddings", json=embed, headers=bearer(narrow))
+        assert r.status_code == 404 and r.json()["error"]["code"] == "model_not_found", r.text
+        allowed = make(models=["all-minilm-l6-v2"])
+        assert listed(allowed) == ["all-minilm-l6-v2"]
+        r = c.post("/v1/embeddings", json=embed, headers=bearer(allowed))
+        assert r.status_code == 200, r.text
+        used = r.json()["usage"]["total_tokens"]
+        assert used > 5
+
+        budget = make(budget_tokens=5, budget_period_s=86400)
+        assert c.post("/v1/embeddings", json=embed, headers=bearer(budget)).status_code == 200
+        last: list[Any] = []
+
+        def spent() -> bool:
+            last[:] = [c.post("/v1/embeddings", json=embed, headers=bearer(budget))]
+            return bool(last[0].status_code == 429)
+
+        wait_until(spent, timeout=10)  # charged after the answer (a store add)
+        assert last[0].json()["error"]["code"] == "insufficient_quota"
+        # the same budget a completion draws on
+        r = c.post("/v1/chat/completions", json=CHAT, headers=bearer(budget))
+        assert r.status_code == 429 and r.json()["error"]["code"] == "insufficient_quota"

@@ -127,7 +127,12 @@ def run_of(page: Any, i: int) -> dict[str, Any]:
 
 
 def test_question_shows_skeleton_progress_and_timings(page: Any) -> None:
-    page, _, _ = page
+    page, _, server = page
+    # the model list offers chat models only: the API also lists the embedder
+    listed = [m["id"] for m in httpx.get(f"http://127.0.0.1:{server.port}/v1/models").json()["data"]]
+    offered = page.evaluate("[...document.querySelectorAll('#model option')].map(o => o.value)")
+    assert "all-minilm-l6-v2" in listed and "all-minilm-l6-v2" not in offered
+    assert "auto" in offered and "smollm2-135m-instruct" in offered
     i = ask(page, "Write a short poem about the sea.", 96)
     page.screenshot(path=str(ARTIFACTS / "1-sent.png"))
     page.wait_for_function(f"window.redline.runs[{i}].doneMs !== null || window.redline.runs[{i}].error",

@@ -21,7 +21,7 @@ from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict, Field
 
 from redline.api.services import services_of
-from redline.cache.embedder import MiniLMEmbedder, load_minilm
+from redline.cache.embedder import MiniLMEmbedder, bundled_minilm_path, load_minilm
 from redline.errors import BackendError, InvalidRequest, ModelNotFound
 
 router = APIRouter()
@@ -125,12 +125,39 @@ async def _remote(request: Request, body: EmbeddingRequest, name: str) -> Respon
     return Response(orjson.dumps(payload), media_type="application/json")
 
 
+def local_available(embedder_path: str | None) -> bool:
+    """Whether the local embedder can load: a configured directory, or the bundled package
+    installed (/v1/models lists it then)."""
+    if embedder_path:
+        return True
+    try:
+        bundled_minilm_path()
+    except FileNotFoundError:
+        return False
+    return True
+
+
+def _usage_tokens(response: Response) -> int:
+    try:
+        usage = orjson.loads(bytes(response.body)).get("usage") or {}
+        return int(usage.get("total_tokens") or usage.get("prompt_tokens") or 0)
+    except (orjson.JSONDecodeError, AttributeError, TypeError, ValueError):
+        return 0
+
+
 @router.post("/v1/embeddings", response_model=None)
 async def embeddings(body: EmbeddingRequest, request: Request) -> Response:
-    if body.model == LOCAL_MODEL:
-        return await _local(request, body)
-    config = services_of(request.app).config
-    if any(m.name == body.model and m.backend == "openai" for m in config.models):
-        return await _remote(request, body, body.model)
-    raise ModelNotFound(f"The model `{body.model}` does not exist or serves no embeddings "
-                        f"(embedding models: {LOCAL_MODEL} and the remote ones).", param="model")
+    services = services_of(request.app)
+    config = services.config
+    local = body.model == LOCAL_MODEL
+    if not local and not any(m.name == body.model and m.backend == "openai"
+                             for m in config.models):
+        raise ModelNotFound(f"The model `{body.model}` does not exist or serves no embeddings "
+                            f"(embedding models: {LOCAL_MODEL} and the remote ones).",
+                            param="model")
+    # held to the key as a completion is: its model allowlist, and its token budget
+    await services.gate.check_model(request.scope, body.model)
+    response = await (_local(request, body) if local else _remote(request, body, body.model))
+    if response.status_code == 200:
+        services.gate.charge(request.scope, _usage_tokens(response))
+    return response

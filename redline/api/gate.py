@@ -63,6 +63,22 @@ class GenerationGate:
         takes no slot; its tokens are charged as it runs) must pass as well."""
         await self._check_key(scope.get("state", {}).get("api_key"), key_label(scope), gen.model)
 
+    async def check_model(self, scope: Scope, model: str) -> None:
+        """A request that generates nothing (embeddings) but names a model: the key's
+        allowlist and budget, as for a completion."""
+        await self._check_key(scope.get("state", {}).get("api_key"), key_label(scope), model)
+
+    def charge(self, scope: Scope, tokens: int) -> None:
+        """Charge `tokens` a request used outside a generation (embeddings) to its key's
+        budget, if the key has one."""
+        key: ApiKey | None = scope.get("state", {}).get("api_key")
+        if key is None or key.budget_tokens is None or tokens <= 0:
+            return
+        budget = budget_key(key_label(scope), key.budget_period_s, time.time())
+        task = asyncio.get_running_loop().create_task(self._charge(budget, tokens))
+        self.pending.add(task)
+        task.add_done_callback(self.pending.discard)
+
     async def check_budget(self, scope: Scope) -> None:
         """The key's budget only (a batch: its lines' models are checked as they run)."""
         await self._check_key(scope.get("state", {}).get("api_key"), key_label(scope), None)

@@ -23,6 +23,7 @@ from fastapi import APIRouter, Depends, Query, Request
 from pydantic import BaseModel, ConfigDict, Field
 
 from redline.api.auth import ManagedKeys, require_admin
+from redline.api.openai_routes import model_ids
 from redline.api.services import services_of
 from redline.config import ApiKey
 from redline.errors import InvalidRequest, NotFound
@@ -58,7 +59,7 @@ def _not_found(key_id: str) -> NotFound:
 
 
 def _names(request: Request, models: list[str] | None) -> None:
-    known = {*services_of(request.app).pipeline.model_names(), "auto"}
+    known = set(model_ids(services_of(request.app)))
     for i, name in enumerate(models or ()):
         if name not in known:
             raise InvalidRequest(f"Unknown model '{name}'.", param=f"models.{i}")

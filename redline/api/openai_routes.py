@@ -11,6 +11,8 @@ from starlette.types import Scope
 
 from redline.api import capabilities, jobs_routes, sse, stream_takeover
 from redline.api.chunks import ChunkEncoder, Kind
+from redline.api.embeddings_routes import LOCAL_MODEL as LOCAL_EMBEDDINGS
+from redline.api.embeddings_routes import local_available
 from redline.api.schemas import ChatCompletionRequest, CompletionRequest
 from redline.api.services import Services, services_of
 from redline.api.tenant import tenant_from
@@ -52,17 +54,38 @@ def _headers(c: Completion, request_id: str) -> dict[str, str]:
     return headers
 
 
+def model_ids(services: Services) -> list[str]:
+    """What /v1/models lists (and a key's allowlist may name): the configured models, the
+    virtual `auto`, and the local embedder when it is installed (POST /v1/embeddings)."""
+    names = [*services.pipeline.model_names(), AUTO]
+    if local_available(services.config.cache.embedder_path):
+        names.append(LOCAL_EMBEDDINGS)
+    return names
+
+
 @router.get("/v1/models")
 async def list_models(request: Request) -> dict[str, Any]:
     services = services_of(request.app)
     created = int(services.started_at)
-    names = [*services.pipeline.model_names(), AUTO]
+    names = model_ids(services)
     key = request.scope.get("state", {}).get("api_key")
     if key is not None and key.models is not None:  # a key sees the models it may use
         names = [n for n in names if n in key.models]
+    caps = services.pipeline.router.capabilities
+    served = [caps.of(n) for n in services.pipeline.model_names()]
+
+    def capabilities(name: str) -> list[str]:
+        """An addition to OpenAI's model object: what the model serves (a playground
+        lists only chat models; a base model has no `chat`)."""
+        if name == LOCAL_EMBEDDINGS:
+            return ["embeddings"]
+        if name == AUTO:  # it chooses among the models, each request what it needs
+            return sorted(frozenset().union(*served))
+        return sorted(caps.of(name))
+
     return {"object": "list",
-            "data": [{"id": n, "object": "model", "created": created, "owned_by": "redline"}
-                     for n in names]}
+            "data": [{"id": n, "object": "model", "created": created, "owned_by": "redline",
+                      "capabilities": capabilities(n)} for n in names]}
 
 
 # a JSON body is served by the hot routes (api/hot.py) before these see it; these serve

@@ -323,7 +323,10 @@ async function loadModels() {
     const { data } = await response.json();
     const select = $("model");
     select.textContent = "";
-    for (const m of data) select.append(new Option(m.id, m.id, m.id === "auto", m.id === "auto"));
+    for (const m of data) {
+      if (m.capabilities && !m.capabilities.includes("chat")) continue; // embeddings, base models
+      select.append(new Option(m.id, m.id, m.id === "auto", m.id === "auto"));
+    }
   } catch { /* the server is still starting: keep `auto` */ }
 }
 
