@@ -1,7 +1,7 @@
 """The error budget on live traffic (issue 22): labelled question pairs sent to a real
 `redline serve` with the bundled SmolLM2-135M answering, and what the budget made of them.
 
-    python bench/cache_budget_live.py [--pairs bench/data/cache_pairs_test.tsv]
+    python bench/cache_budget_live.py [--pairs bench/data/cache_pairs_test.tsv] [--judge questions]
                                       [--threshold 0.60] [--sample 1.0] [--passes 2]
 
 Each pair gets a tenant of its own (an API key each), so its second question can only meet
@@ -44,6 +44,7 @@ from routing_common import free_port, wait_up  # noqa: E402  (bench/ is on the p
 from redline.cache.evaluate import load_pairs  # noqa: E402
 
 MODEL = "smollm2-135m-instruct"
+JUDGE = "qwen2.5-coder-0.5b-instruct"  # the questions judge (--judge questions)
 ADMIN = "budget-admin"
 
 
@@ -110,19 +111,26 @@ def main() -> int:
     ap.add_argument("--shadow-wait", type=float, default=20.0, help="seconds to wait for a "
                     "served hit's shadow verdict before the next pair")
     ap.add_argument("--seed", type=int, default=7, help="order of the pairs (shuffled once)")
+    ap.add_argument("--judge", choices=("answers", "questions"), default="answers",
+                    help="cache.judge; questions: Qwen2.5-Coder-0.5B (loaded beside SmolLM2) "
+                    "is asked whether the two questions are the same")
     args = ap.parse_args()
     pairs = load_pairs(args.pairs)
     random.Random(args.seed).shuffle(pairs)
     if args.limit:
         pairs = pairs[: args.limit]
     keys = [f"tenant-key-{i}" for i in range(len(pairs) * args.passes)]
-    cache: dict[str, object] = {"shadow_sample": args.sample, "max_wrong_hit_rate": args.budget}
+    cache: dict[str, object] = {"shadow_sample": args.sample, "max_wrong_hit_rate": args.budget,
+                                "judge": args.judge}
+    models: list[dict[str, object]] = [{"name": MODEL, "bundled": MODEL}]
+    if args.judge == "questions":
+        models.append({"name": JUDGE, "bundled": JUDGE, "size_rank": 2})
     if args.threshold is not None:
         cache["similarity_threshold"] = args.threshold
     with tempfile.TemporaryDirectory() as tmp:
         port = free_port()
         cfg = {"server": {"port": port, "data_dir": tmp, "log_level": "warning"},
-               "models": [{"name": MODEL, "bundled": MODEL}],
+               "models": models,
                "cache": cache,
                "auth": {"keys": [{"name": f"t{i}", "sha256": hashlib.sha256(k.encode()).hexdigest()}
                                  for i, k in enumerate(keys)]
@@ -181,7 +189,7 @@ def main() -> int:
             proc.terminate()
             proc.wait(timeout=30)
     print(f"\npairs: {args.pairs} ({len(pairs)} pairs, {sum(p.same for p in pairs)} same), "
-          f"shadow_sample {args.sample}, budget {args.budget}, threshold "
+          f"judge {args.judge}, shadow_sample {args.sample}, budget {args.budget}, threshold "
           f"{args.threshold if args.threshold is not None else 'configured (0.70)'}, "
           f"max_tokens {args.max_tokens}, seed {args.seed}")
     print("| pass | semantic hits served | wrong by the labels | wrong-hit rate | recall "

@@ -6,8 +6,12 @@ import argparse
 import logging
 import sys
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 from redline.config import load_config
+
+if TYPE_CHECKING:
+    from redline.cache.evaluate import Pair
 
 Command = Callable[[argparse.Namespace], int]
 COMMANDS: dict[str, tuple[Command, Callable[[argparse.ArgumentParser], None], str]] = {}
@@ -227,6 +231,9 @@ def _eval_judge_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--api-key", default=None, help="a bearer key for the server")
     p.add_argument("--write", metavar="BUNDLED", help="keep the tuning part's rates for this "
                    "bundled model in redline/cache/data/judge.json (the test part is only printed)")
+    p.add_argument("--judge", choices=("answers", "questions"), default="answers",
+                   help="answers: compare the model's answers to each pair; questions: ask the "
+                   "model whether the two questions are the same (cache.judge)")
 
 
 @command("eval-judge", "how often the error budget's judge errs on a model's answers, on the "
@@ -248,6 +255,8 @@ def eval_judge(args: argparse.Namespace) -> int:
         tune, test = tune[:args.limit], test[:args.limit]
     questions = sorted({q for p in tune + test for q in (p.a, p.b)})
     headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
+    if args.judge == "questions":
+        return _eval_question_judge(args, tune, test, headers)
 
     async def ask() -> dict[str, str]:
         async with httpx.AsyncClient(base_url=args.url, timeout=600, headers=headers) as client:
@@ -271,6 +280,41 @@ def eval_judge(args: argparse.Namespace) -> int:
           f"{t.true_wrong:.3f} for {args.model} (from the tuning part)")
     if args.write:
         write(judge.CALIBRATION, args.write, agreement, t, args.model, args.max_tokens)
+        print(f"written for bundled {args.write!r} to {judge.CALIBRATION}")
+    return 0
+
+
+def _eval_question_judge(args: argparse.Namespace, tune: list[Pair], test: list[Pair],
+                         headers: dict[str, str]) -> int:
+    import asyncio
+
+    import httpx
+
+    from redline.cache import judge
+    from redline.cache.judge_eval import choose_cut, question_odds, question_rates, write_questions
+
+    async def ask() -> dict[tuple[str, str], float | None]:
+        async with httpx.AsyncClient(base_url=args.url, timeout=600, headers=headers) as client:
+            return await question_odds(client, args.model, tune + test, args.concurrency)
+
+    odds = asyncio.run(ask())
+    cut = choose_cut(tune, odds)  # the tuning part only
+    none = sum(o is None for o in odds.values())
+    print(f"model {args.model} as the questions judge, {len(odds)} pairs asked ({none} with no "
+          f"yes or no); cut {cut:+.3f} (log-odds of yes, chosen on the tuning part)")
+    print("| part | same pairs | judged wrong (false_wrong) | diff pairs | judged wrong "
+          "(true_wrong) | separation |")
+    print("|---|---|---|---|---|---|")
+    found = {}
+    for name, pairs in (("tuning", tune), ("test", test)):
+        r = found[name] = question_rates(pairs, odds, cut)
+        print(f"| {name} | {r.same} | {r.false_wrong:.3f} | {r.diff} | {r.true_wrong:.3f} | "
+              f"{r.true_wrong - r.false_wrong:+.3f} |")
+    t = found["tuning"]
+    print(f"set cache.judge_threshold: {cut:.3f}, judge_false_wrong: {t.false_wrong:.3f}, "
+          f"judge_true_wrong: {t.true_wrong:.3f} for {args.model} (from the tuning part)")
+    if args.write:
+        write_questions(judge.CALIBRATION, args.write, cut, t, args.model)
         print(f"written for bundled {args.write!r} to {judge.CALIBRATION}")
     return 0
 

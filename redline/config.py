@@ -514,6 +514,21 @@ class CacheConfig(_Section):
     shadow_agreement: float = Field(0.80, ge=0.0, le=1.0,
                                     description="answer-embedding similarity at which the served "
                                     "and the model's answers agree (same numbers, times, units too)")
+    judge: Literal["answers", "questions"] = Field(
+        "answers", description="how a check decides a hit was wrong: `answers` compares the "
+        "served answer with the model's own (cache/judge.py); `questions` asks `judge_model` "
+        "whether the question asked and the cached one are the same (yes/no log-odds)")
+    judge_model: str | None = Field(None, description="the questions judge's model; None: the "
+                                    "largest local chat model, else the largest chat model")
+    judge_threshold: float | None = Field(None, description="the questions judge's cut: a "
+                                          "log-odds of yes over no below it is a wrong hit; "
+                                          "None: the bundled judge model's measured cut, else 0")
+    judge_false_wrong: float | None = Field(None, ge=0.0, le=1.0, description="the questions "
+                                            "judge's share of right hits called wrong (`redline "
+                                            "eval-judge --judge questions`); None: measured for "
+                                            "a bundled judge model, else 0")
+    judge_true_wrong: float | None = Field(None, ge=0.0, le=1.0, description="its share of "
+                                           "wrong hits called wrong; None: as above, else 1")
     threshold_step: float = Field(0.02, gt=0.0, le=0.2,
                                   description="how far one tightening or loosening moves the "
                                   "threshold")

@@ -16,11 +16,11 @@ from redline.api.app import create_app
 from redline.api.services import services_of
 from redline.backends.fake import FakeBackend
 from redline.cache.embedder import HashingEmbedder
-from redline.cache.error_budget import CEILING, ErrorBudget, wilson
-from redline.cache.judge import wrong
+from redline.cache.error_budget import CEILING, MIN_SEPARATION, PERFECT, ErrorBudget, wilson
+from redline.cache.judge import question_calibration, question_judge, wrong, yes_log_odds
 from redline.cache.shadow import ShadowGenerator
-from redline.config import RedlineConfig
-from redline.types import Chunk, GenerationRequest, Message, SamplingParams, Usage
+from redline.config import CacheConfig, RedlineConfig
+from redline.types import Chunk, GenerationRequest, Message, SamplingParams, TokenLogprob, TopLogprob, Usage
 
 Q1 = "Where is my order 1042 right now?"
 Q2 = "where is my order 1042 right now"  # a paraphrase the cache serves at threshold 0.8
@@ -324,3 +324,79 @@ def test_a_blind_judges_wrong_verdict_bars_nothing(tmp_path: Path) -> None:
         assert budget["observed"] == 1.0 and budget["lower"] == 0.0 and budget["upper"] == 1.0
         assert budget["rate"] is None and budget["judge_informative"] is False
         assert 'redline_cache_wrong_hit_rate{value="estimate"} NaN' in client.get("/metrics").text
+
+
+# -- the questions judge (cache.judge: questions) ---------------------------------
+def test_yes_log_odds() -> None:
+    top = [TopLogprob("Yes", -0.2), TopLogprob(" no", -1.9), TopLogprob("The", -3.0)]
+    assert abs(yes_log_odds(top) - 1.7) < 1e-9  # type: ignore[operator]
+    # a word not among the top counts at the least likely one's probability
+    assert abs(yes_log_odds([TopLogprob("no", -0.1), TopLogprob("x", -4.0)]) + 3.9) < 1e-9  # type: ignore[operator]
+    assert yes_log_odds([TopLogprob("maybe", -0.1)]) is None and yes_log_odds([]) is None
+
+
+def test_the_questions_judge_is_the_largest_local_chat_model() -> None:
+    models = RedlineConfig().models  # the default: SmolLM2 (rank 1) and Qwen (rank 2)
+    assert question_judge(RedlineConfig().cache, models) is None  # judge: answers
+    j = question_judge(CacheConfig(judge="questions"), models)
+    assert j is not None and j.model == "qwen2.5-coder-0.5b-instruct"
+    measured = question_calibration()["qwen2.5-coder-0.5b-instruct"]  # the tuning part's
+    assert j.threshold == measured["threshold"]
+    assert (j.errors.false_wrong, j.errors.true_wrong) == (measured["false_wrong"],
+                                                           measured["true_wrong"])
+    assert j.errors.true_wrong - j.errors.false_wrong >= MIN_SEPARATION  # it can tell
+    # another cut than the one measured: its rates are unknown, the judge taken at its word
+    k = question_judge(CacheConfig(judge="questions", judge_threshold=5.0), models)
+    assert k is not None and k.threshold == 5.0 and k.errors == PERFECT
+    named = question_judge(CacheConfig(judge="questions", judge_model="smollm2-135m-instruct",
+                                       judge_false_wrong=0.1, judge_true_wrong=0.7), models)
+    assert named is not None and named.model == "smollm2-135m-instruct"
+    assert (named.errors.false_wrong, named.errors.true_wrong) == (0.1, 0.7)
+
+
+class Judge(Book):
+    """Also a duplicate-question judge: says yes when the two questions, lower-cased and
+    without punctuation, are the same words."""
+
+    async def stream(self, request: GenerationRequest) -> AsyncIterator[Chunk]:
+        text = (request.messages or (Message("user", ""),))[-1].content
+        if not (request.sampling.logprobs and text.startswith("Question A: ")):
+            async for chunk in super().stream(request):
+                yield chunk
+            return
+        self.calls += 1
+        a, b = (line.split(": ", 1)[1] for line in text.split("\n")[:2])
+        same = " ".join(a.lower().strip("?").split()) == " ".join(b.lower().strip("?").split())
+        first, second = ("Yes", "No") if same else ("No", "Yes")
+        top = (TopLogprob(first, -0.1), TopLogprob(second, -2.5))
+        yield Chunk(text=first, tokens=1, finish_reason="length", usage=Usage(30, 1),
+                    logprobs=(TokenLogprob(first, -0.1, top=top),))
+
+
+def test_the_questions_judge_bars_a_different_question_and_keeps_a_paraphrase(
+        tmp_path: Path) -> None:
+    other = "Where is my order 1042 right now please?"  # the judge says: not the same
+    book = Judge({Q1: "It left the depot on Monday.", Q2: "Totally different words here."})
+    with _client(tmp_path, book, judge="questions", judge_model="fake") as client:
+        _ready(client)
+        cache = services_of(client.app).pipeline.cache
+        assert cache.verifier.questions is not None
+        assert _ask(client, Q1) == "miss"
+        _wait(lambda: not cache._tasks)
+        # a paraphrase whose answers differ: the answers judge would call it wrong; the
+        # questions judge asks the model about the questions and keeps it
+        assert _ask(client, Q2) == "semantic"
+        _wait(lambda: cache.verifier.verdicts == 1)
+        assert book.calls == 2  # Q1's answer, then one judgement (no answer generated)
+        assert cache.verifier.threshold == 0.8
+        assert _ask(client, Q2) == "semantic"
+        _wait(lambda: cache.verifier.verdicts == 2)
+        assert cache.verifier.threshold == 0.8
+        similar = cache.verifier.budget.estimate()
+        assert similar.wrong == 0 and similar.verified == 2
+        # a question the judge calls different: a wrong hit, the entry's bar rises
+        assert _ask(client, other) == "semantic"
+        _wait(lambda: cache.verifier.verdicts == 3)
+        assert cache.verifier.budget.estimate().wrong == 1
+        assert cache.verifier.threshold > 0.8
+        assert _ask(client, other) == "miss"

@@ -26,7 +26,7 @@ from redline.api.responses_background import Background
 from redline.backends.base import Backend
 from redline.backends.local import LocalBackend
 from redline.cache import ResponseCache
-from redline.cache.judge import errors_by_model
+from redline.cache.judge import errors_by_model, question_judge
 from redline.config import ModelConfig, RedlineConfig
 from redline.engine.arbiter import StepArbiter
 from redline.experiments import Experiments
@@ -143,7 +143,8 @@ def build(config: RedlineConfig, backends: Mapping[str, Backend] | None = None,
     store = open_store(config.store.url or "memory://")  # the one store: caches, journals, ...
     cache = (ResponseCache(config.cache, store, metrics, embedder_threads=threads,
                            backends=backends,  # the error budget's checks, and their judge's errors
-                           judges=errors_by_model(config.models, config.cache.shadow_agreement))
+                           judges=errors_by_model(config.models, config.cache.shadow_agreement),
+                           questions=question_judge(config.cache, config.models))
              if config.cache.enabled else None)
     experiments = Experiments(config.experiments, backends)  # A/B arms, before the cache
     streams = StreamManager(config.streams, metrics, store=lambda: store)

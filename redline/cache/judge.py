@@ -15,6 +15,12 @@ wrong hit, which only makes the cache more careful (the budget tightens), never 
 more wrong answers. For sampled requests (`cache_sampled`) the fresh answer is one draw,
 and the judge is as noisy as the sampling.
 
+A second judge (`cache.judge: questions`) asks a model instead whether the question
+asked and the cached question ask for the same thing (yes/no, read from its log-odds at
+the first token of the answer): it needs no answer generated, and a chat model that
+cannot write the same answer twice may still tell two questions apart
+(`question_messages`, `yes_log_odds`; a "no" below `judge_threshold` is a wrong hit).
+
 How often it errs depends on the model: `redline eval-judge` measures it on labelled
 pairs (the share of paraphrase pairs whose two answers it calls different, and of
 different-question pairs), and the error budget corrects its estimate by those rates
@@ -28,7 +34,8 @@ from __future__ import annotations
 import functools
 import json
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -37,9 +44,10 @@ import numpy as np
 from redline.cache import guard
 from redline.cache.embedder import Embedder
 from redline.cache.error_budget import PERFECT, JudgeErrors
+from redline.types import Message, TopLogprob
 
 if TYPE_CHECKING:
-    from redline.config import ModelConfig
+    from redline.config import CacheConfig, ModelConfig
 
 CALIBRATION = Path(__file__).resolve().parent / "data" / "judge.json"
 
@@ -87,3 +95,72 @@ def errors_for(model: ModelConfig, agreement: float) -> JudgeErrors:
 
 def errors_by_model(models: Iterable[ModelConfig], agreement: float) -> dict[str, JudgeErrors]:
     return {m.name: errors_for(m, agreement) for m in models}
+
+
+# ---- the questions judge ---------------------------------------------------------
+QUESTIONS_SYSTEM = "You judge whether two user questions are duplicates."
+
+
+def question_messages(cached: str, asked: str) -> tuple[Message, ...]:
+    """The judge model's prompt: is `asked` the same question as `cached`?"""
+    return (Message("system", QUESTIONS_SYSTEM),
+            Message("user", f"Question A: {cached}\nQuestion B: {asked}\nDo A and B ask for "
+                            "exactly the same information, so that one answer serves both? "
+                            "Answer yes or no."))
+
+
+def yes_log_odds(top: Iterable[TopLogprob]) -> float | None:
+    """log P(yes) - log P(no) at the answer's first token, from its top alternatives (any
+    case or spacing of yes / no); a word missing from them counts at the least likely
+    one's probability. None when neither is there."""
+    top = list(top)
+    yes = [t.logprob for t in top if t.token.strip().casefold() == "yes"]
+    no = [t.logprob for t in top if t.token.strip().casefold() == "no"]
+    if not top or not (yes or no):
+        return None
+    floor = min(t.logprob for t in top)
+    return float(np.logaddexp.reduce(yes or [floor]) - np.logaddexp.reduce(no or [floor]))
+
+
+@functools.cache
+def question_calibration() -> dict[str, dict[str, float]]:
+    """Judge models' measured threshold and errors as the questions judge, by bundled name."""
+    try:
+        data: dict[str, dict[str, float]] = json.loads(CALIBRATION.read_text())["questions"]
+    except (OSError, ValueError, KeyError):
+        return {}
+    return data
+
+
+@dataclass(frozen=True)
+class QuestionJudge:
+    model: str  # the model asked
+    threshold: float  # log-odds of yes over no below this: a wrong hit
+    errors: JudgeErrors
+
+
+def question_judge(cfg: CacheConfig, models: Sequence[ModelConfig]) -> QuestionJudge | None:
+    """The questions judge for `cfg` (None unless `judge: questions` and a chat model is
+    there): `judge_model`, else the largest local chat model, else the largest chat model;
+    its cut and error rates from the config, else the bundled model's measured ones, else
+    a cut of 0 and taken at its word."""
+    if cfg.judge != "questions":
+        return None
+    chat = [m for m in models if "chat" in m.effective_capabilities()]
+    local = [m for m in chat if m.backend == "local"]
+    named = [m for m in models if m.name == cfg.judge_model]
+    pool = named or ([] if cfg.judge_model else local or chat)
+    model = max(pool, key=lambda m: m.size_rank) if pool else None
+    if model is None and not cfg.judge_model:
+        return None
+    measured = question_calibration().get(model.bundled or "", {}) if model else {}
+    threshold = cfg.judge_threshold if cfg.judge_threshold is not None \
+        else measured.get("threshold", 0.0)
+    if cfg.judge_false_wrong is not None or cfg.judge_true_wrong is not None:
+        errors = JudgeErrors(cfg.judge_false_wrong or 0.0,
+                             1.0 if cfg.judge_true_wrong is None else cfg.judge_true_wrong)
+    elif measured and abs(measured["threshold"] - threshold) < 1e-9:
+        errors = JudgeErrors(measured["false_wrong"], measured["true_wrong"])
+    else:
+        errors = PERFECT
+    return QuestionJudge(model.name if model else str(cfg.judge_model), threshold, errors)

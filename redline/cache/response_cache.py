@@ -40,6 +40,7 @@ from redline.cache.confirm import load_model as load_confirm_model
 from redline.cache.embedder import Embedder, load_minilm
 from redline.cache.error_budget import JudgeErrors
 from redline.cache.index import SemanticIndex
+from redline.cache.judge import QuestionJudge
 from redline.cache.keys import CacheKeys, cache_keys
 from redline.cache.shadow import ShadowGenerator
 from redline.cache.verify import Verifier
@@ -124,7 +125,8 @@ class ResponseCache:
                  embedder: Embedder | None = None, embedder_threads: int = 1,
                  backends: Mapping[str, Backend] | None = None,
                  confirm_embedder: Embedder | None = None,
-                 judges: Mapping[str, JudgeErrors] | None = None) -> None:
+                 judges: Mapping[str, JudgeErrors] | None = None,
+                 questions: QuestionJudge | None = None) -> None:
         """`backends`: the models whose answers a semantic hit is checked against (the
         error budget); without them the threshold stays as configured.
         `confirm_embedder`: the borderline check's model (None: load the configured one,
@@ -144,7 +146,8 @@ class ResponseCache:
         self._tasks: set[asyncio.Task[None]] = set()
         self.verifier: Verifier | None = None
         if backends is not None and cfg.semantic:
-            self.verifier = Verifier(cfg, store, ShadowGenerator(backends), metrics, judges)
+            self.verifier = Verifier(cfg, store, ShadowGenerator(backends), metrics, judges,
+                                     questions)
         self.lookup_seconds: Histogram | None = None
         if metrics is not None and metrics.enabled:  # off: no-op metrics, nothing to add
             self.lookup_seconds = Histogram(
@@ -241,7 +244,7 @@ class ResponseCache:
         verifier = self.verifier
         floor = self._floor()
         strong: np.ndarray | None = None  # the question in the stronger model, made once
-        would: tuple[str, float, CachedAnswer] | None = None  # the best hit not served
+        would: tuple[str, float, CachedAnswer, str] | None = None  # the best hit not served
         for cand in await self.index.search(keys.partition, vector, CANDIDATES):
             if cand.similarity < floor:
                 break
@@ -265,14 +268,16 @@ class ResponseCache:
             if verifier is not None and (
                     not verifier.semantic_on or counted < verifier.threshold
                     or await verifier.barred(cand.key, counted)):
-                would = would or (cand.key, counted, answer)
+                would = would or (cand.key, counted, answer, cand.question)
                 continue
             if verifier is not None:
-                verifier.note(request, answer.model, cand.key, counted, answer.text, True)
+                verifier.note(request, answer.model, cand.key, counted, answer.text, True,
+                              keys.question, cand.question)
             return Lookup("semantic", answer=answer, similarity=cand.similarity)
         if verifier is not None and would is not None:
-            key, similarity, answer = would
-            verifier.note(request, answer.model, key, similarity, answer.text, False)
+            key, similarity, answer, cached = would
+            verifier.note(request, answer.model, key, similarity, answer.text, False,
+                          keys.question, cached)
         return Lookup("miss")
 
     def _floor(self) -> float:

@@ -19,8 +19,9 @@ import time
 from collections.abc import Mapping
 
 from redline.backends.base import Backend
+from redline.cache.judge import question_messages, yes_log_odds
 from redline.closing import aclose
-from redline.types import GenerationRequest, new_id
+from redline.types import GenerationRequest, SamplingParams, new_id
 
 
 class ShadowGenerator:
@@ -71,6 +72,34 @@ class ShadowGenerator:
                 text = await self._run(backend, shadow, model)
                 if text is not None:
                     return text
+        return None
+
+    async def judge_questions(self, model: str, cached: str, asked: str) -> float | None:
+        """The questions judge: `model`'s log-odds that `asked` is the same question as
+        `cached` (judge.py), asked while idle as a shadow is; None when it never was idle
+        long enough, or gave no yes or no."""
+        backend = self.backends.get(model)
+        if backend is None:
+            return None
+        sampling = SamplingParams(max_tokens=1, temperature=0.0, logprobs=True, top_logprobs=20)
+        request = GenerationRequest(model, sampling, messages=question_messages(cached, asked),
+                                    id=new_id("judge"), tier="A", use_cache=False)
+        deadline = time.monotonic() + self.max_wait_s
+        async with self._one:
+            for _ in range(self.attempts):
+                if not await self._idle(model, deadline):
+                    return None
+                it = backend.stream(request)
+                try:
+                    async for chunk in it:
+                        if chunk.logprobs:
+                            return yes_log_odds(chunk.logprobs[0].top)
+                        if chunk.finish_reason is not None:
+                            return None
+                except Exception:  # no verdict; the user's traffic is unaffected
+                    return None
+                finally:
+                    await aclose(it)
         return None
 
     async def _run(self, backend: Backend, request: GenerationRequest, model: str) -> str | None:

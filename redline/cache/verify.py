@@ -21,6 +21,7 @@ queue drops the sample (counted).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import math
 from collections.abc import Mapping
@@ -62,16 +63,22 @@ class Check:
     served_text: str
     served: bool  # served to the user (else a would-be hit, answered by the model)
     fresh: str | None = None  # the model's answer, when it already made one
+    asked: str = ""  # the question asked, and the cached one (for the questions judge)
+    cached: str = ""
 
 
 class Verifier:
     def __init__(self, cfg: CacheConfig, store: Store, generator: ShadowGenerator,
                  metrics: Metrics | None = None,
-                 judges: Mapping[str, JudgeErrors] | None = None) -> None:
+                 judges: Mapping[str, JudgeErrors] | None = None,
+                 questions: judge.QuestionJudge | None = None) -> None:
         """`judges`: the judge's measured error rates on each model's answers (judge.py
-        `errors_by_model`); a model not in it is taken at its word."""
+        `errors_by_model`); a model not in it is taken at its word. `questions`: judge by
+        asking that model whether the two questions are the same instead (`cache.judge:
+        questions`)."""
         self.cfg, self.store, self.generator = cfg, store, generator
         self.judges = dict(judges or {})
+        self.questions = questions
         self.budget = ErrorBudget(cfg.max_wrong_hit_rate, cfg.similarity_threshold,
                                   step=cfg.threshold_step, loosen_after=cfg.loosen_after)
         self.embedder: Embedder | None = None  # the cache's, once loaded
@@ -170,13 +177,15 @@ class Verifier:
 
     # -- evidence ----------------------------------------------------------------
     def note(self, request: GenerationRequest, model: str, entry: str, similarity: float,
-             text: str, served: bool) -> None:
+             text: str, served: bool, asked: str = "", cached: str = "") -> None:
+        """`asked`, `cached`: the question asked and the cached one (as the index keeps it)."""
         if served and self.m_hits is not None:
             self.m_hits.inc()
         self._seen[served] += 1
         if self._seen[served] * self.cfg.shadow_sample >= self._taken[served] + 1 - 1e-9:
             self._taken[served] += 1
-            self._pending[request.id] = Check(request, model, entry, similarity, text, served)
+            self._pending[request.id] = Check(request, model, entry, similarity, text, served,
+                                              asked=asked, cached=cached)
 
     def finished(self, done: Finished) -> None:
         check = self._pending.pop(done.request.id, None)
@@ -185,8 +194,7 @@ class Verifier:
         if not check.served:
             if done.cache != "miss" or done.finish_reason not in ("stop", "length"):
                 return
-            check = Check(check.request, done.model, check.entry, check.similarity,
-                          check.served_text, False, fresh=done.text)
+            check = dataclasses.replace(check, model=done.model, fresh=done.text)
         try:
             self._queue.put_nowait(check)
         except asyncio.QueueFull:
@@ -207,6 +215,14 @@ class Verifier:
                 log.exception("semantic hit check failed")
 
     async def _check(self, check: Check) -> None:
+        if self.questions is not None:
+            odds = await self.generator.judge_questions(self.questions.model, check.cached,
+                                                        check.asked)
+            if odds is None:
+                self._skip("no_answer")
+                return
+            await self.record(check, odds < self.questions.threshold, self.questions.errors)
+            return
         fresh = check.fresh
         if fresh is None:
             fresh = await self.generator.generate(check.request, check.model)
@@ -223,14 +239,16 @@ class Verifier:
             executor, lambda: judge.wrong(check.served_text, fresh, embedder, agreement))
         await self.record(check, wrong)
 
-    async def record(self, check: Check, wrong: bool) -> None:
+    async def record(self, check: Check, wrong: bool, errors: JudgeErrors | None = None) -> None:
+        """`errors`: the judge's error rates (None: the answers judge's on `check.model`)."""
         self.verdicts += 1
         hit = "served" if check.served else "unserved"
         if self.m_verified is not None and self.m_wrong is not None:
             self.m_verified.labels(hit).inc()
             if wrong:
                 self.m_wrong.labels(hit).inc()
-        errors = self.judges.get(check.model, PERFECT)
+        if errors is None:
+            errors = self.judges.get(check.model, PERFECT)
         moved = self.budget.record(check.similarity, wrong, errors)
         if moved != "held":
             log.warning("semantic cache %s: threshold %.2f, wrong-hit rate %s", moved,
