@@ -12,6 +12,7 @@ process-wide tuning (threads, the collector) is `redline serve`'s (redline/tunin
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -42,6 +43,8 @@ from redline.telemetry.live import LiveStats
 from redline.telemetry.longtail import Budget, LongTailLog
 from redline.telemetry.metrics import Metrics
 from redline.telemetry.usage import UsageLog
+
+log = logging.getLogger(__name__)
 
 
 class Inflight:
@@ -141,10 +144,13 @@ def build(config: RedlineConfig, backends: Mapping[str, Backend] | None = None,
     router = Router(backends, default, config.routing, metrics, embedder_threads=threads,
                     capabilities={m.name: m.effective_capabilities() for m in config.models})
     store = open_store(config.store.url or "memory://")  # the one store: caches, journals, ...
+    questions = question_judge(config.cache, config.models)
+    if config.cache.judge == "questions" and questions is None:
+        log.warning("cache.judge: questions, but no chat model to ask: the answers judge decides")
     cache = (ResponseCache(config.cache, store, metrics, embedder_threads=threads,
                            backends=backends,  # the error budget's checks, and their judge's errors
                            judges=errors_by_model(config.models, config.cache.shadow_agreement),
-                           questions=question_judge(config.cache, config.models))
+                           questions=questions)
              if config.cache.enabled else None)
     experiments = Experiments(config.experiments, backends)  # A/B arms, before the cache
     streams = StreamManager(config.streams, metrics, store=lambda: store)

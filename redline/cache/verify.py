@@ -8,8 +8,10 @@ A sample (`cache.shadow_sample`) of semantic hits is checked (systematic: at a r
 the 20th, 40th, ... hit; served and would-be hits counted apart; deterministic, so a
 handful of hits in a test never starts a shadow by chance): the model's own answer to
 the question actually asked is made in the background at low priority (shadow.py) and
-compared with the answer served (judge.py). Would-be hits that were not served (under the
-current threshold, barred, or semantic hits off) are checked the same way, except that
+compared with the answer served (judge.py); with `cache.judge: questions` a chat model is
+asked instead whether the two questions are the same (no answer generated). Would-be hits
+that were not served (under the current threshold, barred, or semantic hits off) are
+checked the same way, except that
 the model answered them anyway: its answer is the judge's at no extra generation. Every
 verdict goes to the ErrorBudget (error_budget.py), which moves the threshold; a wrong
 hit also raises that entry's bar above the similarity it was served at (kept in the
