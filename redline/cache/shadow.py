@@ -76,14 +76,15 @@ class ShadowGenerator:
 
     async def judge_questions(self, model: str, cached: str, asked: str) -> float | None:
         """The questions judge: `model`'s log-odds that `asked` is the same question as
-        `cached` (judge.py), asked while idle as a shadow is; None when it never was idle
-        long enough, or gave no yes or no."""
+        `cached` (judge.py), asked while idle as a shadow is, in tier B (an engine serves
+        any request that comes meanwhile first); None when it never was idle long enough,
+        or gave no yes or no."""
         backend = self.backends.get(model)
         if backend is None:
             return None
         sampling = SamplingParams(max_tokens=1, temperature=0.0, logprobs=True, top_logprobs=20)
         request = GenerationRequest(model, sampling, messages=question_messages(cached, asked),
-                                    id=new_id("judge"), tier="A", use_cache=False)
+                                    id=new_id("judge"), tier="B", use_cache=False)
         deadline = time.monotonic() + self.max_wait_s
         async with self._one:
             for _ in range(self.attempts):
