@@ -24,22 +24,18 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import os
 import random
 import re
-import subprocess
 import sys
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
-import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from routing_common import free_port, wait_up  # noqa: E402  (bench/ is on the path)
+from routing_common import Procs  # noqa: E402  (bench/ is on the path)
 
 from redline.cache.evaluate import load_pairs  # noqa: E402
 
@@ -127,67 +123,57 @@ def main() -> int:
         models.append({"name": JUDGE, "bundled": JUDGE, "size_rank": 2})
     if args.threshold is not None:
         cache["similarity_threshold"] = args.threshold
-    with tempfile.TemporaryDirectory() as tmp:
-        port = free_port()
-        cfg = {"server": {"port": port, "data_dir": tmp, "log_level": "warning"},
-               "models": models,
-               "cache": cache,
-               "auth": {"keys": [{"name": f"t{i}", "sha256": hashlib.sha256(k.encode()).hexdigest()}
-                                 for i, k in enumerate(keys)]
-                        + [{"name": "admin", "role": "admin",
-                            "sha256": hashlib.sha256(ADMIN.encode()).hexdigest()}]}}
-        Path(tmp, "cfg.yaml").write_text(yaml.safe_dump(cfg))
-        env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-        log = open(Path(tmp, "log"), "w")
-        proc = subprocess.Popen([sys.executable, "-m", "redline.cli", "serve", "--config",
-                                 str(Path(tmp, "cfg.yaml"))], cwd=ROOT, env=env,
-                                stdout=subprocess.DEVNULL, stderr=log)
-        url = f"http://127.0.0.1:{port}"
-        passes: list[Pass] = []
+    cfg = {"models": models,
+           "cache": cache,
+           "auth": {"keys": [{"name": f"t{i}", "sha256": hashlib.sha256(k.encode()).hexdigest()}
+                             for i, k in enumerate(keys)]
+                    + [{"name": "admin", "role": "admin",
+                        "sha256": hashlib.sha256(ADMIN.encode()).hexdigest()}]}}
+    procs = Procs()
+    passes: list[Pass] = []
+    try:
         try:
-            try:
-                wait_up(url, timeout=300, proc=proc, log=Path(tmp, "log"))
-            except TimeoutError as exc:
-                print(exc)
-                return 1
-            t_start = time.monotonic()
-            with httpx.Client(base_url=url, timeout=300) as client:
-                for p in range(args.passes):
-                    result = Pass()
-                    for i, pair in enumerate(pairs):
-                        key = keys[p * len(pairs) + i]
-                        result.same_pairs += pair.same
-                        ask(client, key, pair.a, args.max_tokens)
-                        time.sleep(0.05)  # the answer is stored just after the response
-                        before = verdicts(metrics(client))
-                        got = ask(client, key, pair.b, args.max_tokens)
-                        if got == "semantic":
-                            result.served += 1
-                            result.served_wrong += not pair.same
-                            after = wait_change(client, before, args.shadow_wait)
-                        else:
-                            after = wait_change(client, before, 0.5)
-                        for kind in ("served", "unserved"):  # verified counts every check
-                            bad = after[f"wrong_{kind}"] - before[f"wrong_{kind}"]
-                            ok = after[f"verified_{kind}"] - before[f"verified_{kind}"] - bad
-                            for verdict, n in (("right", ok), ("wrong", bad)):
-                                if n:
-                                    k = f"{kind}: label {'same' if pair.same else 'diff'}, judge {verdict}"
-                                    result.judged[k] = result.judged.get(k, 0) + int(n)
-                        result.skipped += int(after["skipped"] - before["skipped"])
-                        if (i + 1) % 25 == 0:
-                            print(f"  pass {p + 1}: {i + 1}/{len(pairs)} pairs, {result.served} "
-                                  f"served, {result.served_wrong} of them wrong "
-                                  f"({time.monotonic() - t_start:.0f} s)", flush=True)
-                    m = metrics(client)
-                    result.budget = {k.split("{")[0].removeprefix("redline_cache_") +
-                                     (k[k.index("{"):] if "{" in k else ""): v
-                                     for k, v in m.items()
-                                     if "wrong_hit_rate" in k or "semantic_threshold" in k}
-                    passes.append(result)
-        finally:
-            proc.terminate()
-            proc.wait(timeout=30)
+            url = procs.serve(cfg, timeout=300)
+        except TimeoutError as exc:
+            print(exc)
+            return 1
+        t_start = time.monotonic()
+        with httpx.Client(base_url=url, timeout=300) as client:
+            for p in range(args.passes):
+                result = Pass()
+                for i, pair in enumerate(pairs):
+                    key = keys[p * len(pairs) + i]
+                    result.same_pairs += pair.same
+                    ask(client, key, pair.a, args.max_tokens)
+                    time.sleep(0.05)  # the answer is stored just after the response
+                    before = verdicts(metrics(client))
+                    got = ask(client, key, pair.b, args.max_tokens)
+                    if got == "semantic":
+                        result.served += 1
+                        result.served_wrong += not pair.same
+                        after = wait_change(client, before, args.shadow_wait)
+                    else:
+                        after = wait_change(client, before, 0.5)
+                    for kind in ("served", "unserved"):  # verified counts every check
+                        bad = after[f"wrong_{kind}"] - before[f"wrong_{kind}"]
+                        ok = after[f"verified_{kind}"] - before[f"verified_{kind}"] - bad
+                        for verdict, n in (("right", ok), ("wrong", bad)):
+                            if n:
+                                k = f"{kind}: label {'same' if pair.same else 'diff'}, judge {verdict}"
+                                result.judged[k] = result.judged.get(k, 0) + int(n)
+                    result.skipped += int(after["skipped"] - before["skipped"])
+                    if (i + 1) % 25 == 0:
+                        print(f"  pass {p + 1}: {i + 1}/{len(pairs)} pairs, {result.served} "
+                              f"served, {result.served_wrong} of them wrong "
+                              f"({time.monotonic() - t_start:.0f} s)", flush=True)
+                m = metrics(client)
+                result.budget = {k.split("{")[0].removeprefix("redline_cache_") +
+                                 (k[k.index("{"):] if "{" in k else ""): v
+                                 for k, v in m.items()
+                                 if "wrong_hit_rate" in k or "semantic_threshold" in k}
+                passes.append(result)
+    finally:
+        procs.stop()
     print(f"\npairs: {args.pairs} ({len(pairs)} pairs, {sum(p.same for p in pairs)} same), "
           f"judge {args.judge}, shadow_sample {args.sample}, budget {args.budget}, threshold "
           f"{args.threshold if args.threshold is not None else 'configured (0.70)'}, "

@@ -12,20 +12,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
-from pathlib import Path
 from typing import Any
 
 import httpx
-import yaml
-from routing_common import free_port, wait_up  # bench/ is on the path
+from routing_common import Procs  # bench/ is on the path
 
-ROOT = Path(__file__).resolve().parent.parent
 MODEL = "smollm2-135m-instruct"
 
 QUESTIONS = [
@@ -78,46 +72,37 @@ def main() -> int:
     ap.add_argument("--max-tokens", type=int, default=64)
     args = ap.parse_args()
     qs = QUESTIONS[: args.misses]
-    with tempfile.TemporaryDirectory() as tmp:
-        port = free_port()
-        cfg = {"server": {"port": port, "data_dir": tmp, "log_level": "warning"},
-               "models": [{"name": MODEL, "bundled": MODEL, "n_seq_max": 4}]}
-        Path(tmp, "cfg.yaml").write_text(yaml.safe_dump(cfg))
-        env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-        proc = subprocess.Popen([sys.executable, "-m", "redline.cli", "serve", "--config",
-                                 str(Path(tmp, "cfg.yaml"))], cwd=ROOT, env=env,
-                                stdout=subprocess.DEVNULL, stderr=open(Path(tmp, "log"), "w"))
-        url = f"http://127.0.0.1:{port}"
+    procs = Procs()
+    try:
         try:
-            try:
-                wait_up(url, timeout=300, proc=proc, log=Path(tmp, "log"))
-            except TimeoutError as exc:
-                print(exc)
-                return 1
-            with httpx.Client(base_url=url, timeout=120) as client:
-                ask(client, "warm up the connection", 4)
-                miss: list[float] = []
-                exact: list[float] = []
-                sem: list[float] = []
-                sem_other: dict[str, Any] = {}
-                for q, _ in qs:
-                    dt, result, _ = ask(client, q, args.max_tokens)
-                    if result == "miss":
-                        miss.append(dt)
-                time.sleep(0.5)  # answers are stored just after each response
-                for i in range(args.hits):
-                    dt, result, _ = ask(client, qs[i % len(qs)][0], args.max_tokens)
-                    if result == "hit":
-                        exact.append(dt)
-                for i in range(args.semantic):
-                    dt, result, _ = ask(client, qs[i % len(qs)][1], args.max_tokens)
-                    if result == "semantic":
-                        sem.append(dt)
-                    else:
-                        sem_other[result] = sem_other.get(result, 0) + 1
-        finally:
-            proc.terminate()
-            proc.wait(timeout=30)
+            url = procs.serve({"models": [{"name": MODEL, "bundled": MODEL, "n_seq_max": 4}]},
+                              timeout=300)
+        except TimeoutError as exc:
+            print(exc)
+            return 1
+        with httpx.Client(base_url=url, timeout=120) as client:
+            ask(client, "warm up the connection", 4)
+            miss: list[float] = []
+            exact: list[float] = []
+            sem: list[float] = []
+            sem_other: dict[str, Any] = {}
+            for q, _ in qs:
+                dt, result, _ = ask(client, q, args.max_tokens)
+                if result == "miss":
+                    miss.append(dt)
+            time.sleep(0.5)  # answers are stored just after each response
+            for i in range(args.hits):
+                dt, result, _ = ask(client, qs[i % len(qs)][0], args.max_tokens)
+                if result == "hit":
+                    exact.append(dt)
+            for i in range(args.semantic):
+                dt, result, _ = ask(client, qs[i % len(qs)][1], args.max_tokens)
+                if result == "semantic":
+                    sem.append(dt)
+                else:
+                    sem_other[result] = sem_other.get(result, 0) + 1
+    finally:
+        procs.stop()
     out = {"miss": summary(miss), "exact_hit": summary(exact), "semantic_hit": summary(sem),
            "semantic_not_hit": sem_other, "max_tokens": args.max_tokens}
     if miss and exact:

@@ -59,12 +59,14 @@ class Procs:
 
     def start(self, args: list[str], url: str, path: str = "/readyz",
               cpus: set[int] | None = None, nice: int = 0, cwd: Path = ROOT,
-              env: dict[str, str] | None = None) -> str:
-        """Start a server and wait for it; `cpus` pins it (threads and children too);
+              env: dict[str, str] | None = None, timeout: float = 180.0) -> str:
+        """Start a server and wait for it (TimeoutError, with its log's tail, when it is
+        not up in `timeout` or exits first); `cpus` pins it (threads and children too);
         `nice` sets its scheduling priority (below 0 needs root or CAP_SYS_NICE); `cwd`:
         the source tree whose `redline` a `python -m redline...` runs; `env`: more
         environment variables."""
-        log = open(self.tmp / f"p{len(self.procs)}.log", "wb")
+        log_path = self.tmp / f"p{len(self.procs)}.log"
+        log = open(log_path, "wb")
         env = {**os.environ, "HF_HUB_OFFLINE": "1", **(env or {})}
 
         def setup() -> None:
@@ -72,9 +74,10 @@ class Procs:
                 os.sched_setaffinity(0, cpus)
             if nice:
                 os.setpriority(os.PRIO_PROCESS, 0, nice)
-        self.procs.append(subprocess.Popen(args, cwd=cwd, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                           preexec_fn=setup if cpus is not None or nice else None))
-        wait_up(url, path)
+        proc = subprocess.Popen(args, cwd=cwd, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                preexec_fn=setup if cpus is not None or nice else None)
+        self.procs.append(proc)
+        wait_up(url, path, timeout, proc=proc, log=log_path)
         return url
 
     def upstream(self, **opts: Any) -> str:
@@ -84,16 +87,25 @@ class Procs:
             args += [f"--{k.replace('_', '-')}", str(v)]
         return self.start(args, f"http://127.0.0.1:{port}")
 
+    def serve(self, cfg: dict[str, Any], cpus: set[int] | None = None, nice: int = 0,
+              cwd: Path = ROOT, env: dict[str, str] | None = None,
+              timeout: float = 180.0) -> str:
+        """`redline serve` on `cfg` (its own port and, unless `cfg` names one, its own
+        data dir, log level warning) once ready: its URL."""
+        port = free_port()
+        server = {"data_dir": str(self.tmp / f"data{port}"), "log_level": "warning",
+                  **cfg.get("server", {}), "port": port}
+        path = self.tmp / f"gw{port}.yaml"
+        path.write_text(yaml.safe_dump({**cfg, "server": server}))
+        return self.start([sys.executable, "-m", "redline.cli", "serve", "--config", str(path)],
+                          f"http://127.0.0.1:{port}", cpus=cpus, nice=nice, cwd=cwd, env=env,
+                          timeout=timeout)
+
     def gateway(self, models: list[dict[str, Any]], cpus: set[int] | None = None,
                 nice: int = 0, cwd: Path = ROOT, env: dict[str, str] | None = None,
                 **sections: Any) -> str:
-        port = free_port()
-        cfg = {"server": {"port": port, "data_dir": str(self.tmp / f"data{port}"), "log_level": "warning"},
-               "models": models, "cache": {"enabled": False}, **sections}
-        path = self.tmp / f"gw{port}.yaml"
-        path.write_text(yaml.safe_dump(cfg))
-        return self.start([sys.executable, "-m", "redline.cli", "serve", "--config", str(path)],
-                          f"http://127.0.0.1:{port}", cpus=cpus, nice=nice, cwd=cwd, env=env)
+        return self.serve({"models": models, "cache": {"enabled": False}, **sections},
+                          cpus=cpus, nice=nice, cwd=cwd, env=env)
 
     def stop(self) -> None:
         for p in self.procs:
