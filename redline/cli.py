@@ -246,7 +246,7 @@ def eval_judge(args: argparse.Namespace) -> int:
     from redline.cache import judge
     from redline.cache.embedder import load_minilm
     from redline.cache.evaluate import TEST_PAIRS, TUNE_PAIRS, load_pairs
-    from redline.cache.judge_eval import answers, rates, write
+    from redline.cache.judge_eval import answers, rates, table, write
 
     cfg = load_config(args.config).cache
     tune = [p for path in TUNE_PAIRS for p in load_pairs(path)]
@@ -267,14 +267,9 @@ def eval_judge(args: argparse.Namespace) -> int:
     agreement = cfg.shadow_agreement
     print(f"model {args.model}, {len(questions)} questions answered (max_tokens "
           f"{args.max_tokens}, temperature 0); judge agreement {agreement:.2f}")
-    print("| part | same pairs | judged wrong (false_wrong) | diff pairs | judged wrong "
-          "(true_wrong) | separation |")
-    print("|---|---|---|---|---|---|")
-    found = {}
-    for name, pairs in (("tuning", tune), ("test", test)):
-        r = found[name] = rates(pairs, said, embedder, agreement)
-        print(f"| {name} | {r.same} | {r.false_wrong:.3f} | {r.diff} | {r.true_wrong:.3f} | "
-              f"{r.true_wrong - r.false_wrong:+.3f} |")
+    found = {name: rates(pairs, said, embedder, agreement)
+             for name, pairs in (("tuning", tune), ("test", test))}
+    print(table(found))
     t = found["tuning"]
     print(f"set models[].judge_false_wrong: {t.false_wrong:.3f}, judge_true_wrong: "
           f"{t.true_wrong:.3f} for {args.model} (from the tuning part)")
@@ -291,7 +286,7 @@ def _eval_question_judge(args: argparse.Namespace, tune: list[Pair], test: list[
     import httpx
 
     from redline.cache import judge
-    from redline.cache.judge_eval import choose_cut, question_odds, question_rates, write_questions
+    from redline.cache.judge_eval import choose_cut, question_odds, question_rates, table, write_questions
 
     async def ask() -> dict[tuple[str, str], float | None]:
         async with httpx.AsyncClient(base_url=args.url, timeout=600, headers=headers) as client:
@@ -302,14 +297,9 @@ def _eval_question_judge(args: argparse.Namespace, tune: list[Pair], test: list[
     none = sum(o is None for o in odds.values())
     print(f"model {args.model} as the questions judge, {len(odds)} pairs asked ({none} with no "
           f"yes or no); cut {cut:+.3f} (log-odds of yes, chosen on the tuning part)")
-    print("| part | same pairs | judged wrong (false_wrong) | diff pairs | judged wrong "
-          "(true_wrong) | separation |")
-    print("|---|---|---|---|---|---|")
-    found = {}
-    for name, pairs in (("tuning", tune), ("test", test)):
-        r = found[name] = question_rates(pairs, odds, cut)
-        print(f"| {name} | {r.same} | {r.false_wrong:.3f} | {r.diff} | {r.true_wrong:.3f} | "
-              f"{r.true_wrong - r.false_wrong:+.3f} |")
+    found = {name: question_rates(pairs, odds, cut)
+             for name, pairs in (("tuning", tune), ("test", test))}
+    print(table(found))
     t = found["tuning"]
     print(f"set cache.judge_threshold: {cut:.3f}, judge_false_wrong: {t.false_wrong:.3f}, "
           f"judge_true_wrong: {t.true_wrong:.3f} for {args.model} (from the tuning part)")

@@ -73,13 +73,18 @@ def wrong(served: str, fresh: str, embedder: Embedder, agreement: float) -> bool
 
 
 @functools.cache
-def calibration() -> dict[str, dict[str, float]]:
-    """Bundled models' measured judge errors, by bundled name (and the agreement used)."""
+def _measured(section: str) -> dict[str, dict[str, float]]:
+    """One section of data/judge.json, by bundled model name ({} without it)."""
     try:
-        data: dict[str, dict[str, float]] = json.loads(CALIBRATION.read_text())["models"]
+        data: dict[str, dict[str, float]] = json.loads(CALIBRATION.read_text())[section]
     except (OSError, ValueError, KeyError):
         return {}
     return data
+
+
+def calibration() -> dict[str, dict[str, float]]:
+    """Bundled models' measured judge errors, by bundled name (and the agreement used)."""
+    return _measured("models")
 
 
 def errors_for(model: ModelConfig, agreement: float) -> JudgeErrors:
@@ -122,14 +127,9 @@ def yes_log_odds(top: Iterable[TopLogprob]) -> float | None:
     return float(np.logaddexp.reduce(yes or [floor]) - np.logaddexp.reduce(no or [floor]))
 
 
-@functools.cache
 def question_calibration() -> dict[str, dict[str, float]]:
     """Judge models' measured threshold and errors as the questions judge, by bundled name."""
-    try:
-        data: dict[str, dict[str, float]] = json.loads(CALIBRATION.read_text())["questions"]
-    except (OSError, ValueError, KeyError):
-        return {}
-    return data
+    return _measured("questions")
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -57,27 +57,45 @@ async def answers(client: httpx.AsyncClient, model: str, questions: Sequence[str
     return out
 
 
-def rates(pairs: Sequence[Pair], said: dict[str, str], embedder: Embedder,
-          agreement: float) -> JudgeRates:
+def _tally(pairs: Sequence[Pair], called_wrong: Callable[[Pair], bool]) -> JudgeRates:
     wrong = {True: 0, False: 0}
     count = {True: 0, False: 0}
     for p in pairs:
         count[p.same] += 1
-        wrong[p.same] += judge.wrong(said[p.a], said[p.b], embedder, agreement)
+        wrong[p.same] += called_wrong(p)
     return JudgeRates(wrong[True] / max(1, count[True]), wrong[False] / max(1, count[False]),
                       count[True], count[False])
 
 
-def write(path: Path, bundled: str, agreement: float, tune: JudgeRates, model: str,
-          max_tokens: int) -> None:
+def rates(pairs: Sequence[Pair], said: dict[str, str], embedder: Embedder,
+          agreement: float) -> JudgeRates:
+    return _tally(pairs, lambda p: judge.wrong(said[p.a], said[p.b], embedder, agreement))
+
+
+def table(parts: dict[str, JudgeRates]) -> str:
+    """The rates of each part as a markdown table."""
+    rows = ["| part | same pairs | judged wrong (false_wrong) | diff pairs | judged wrong "
+            "(true_wrong) | separation |", "|---|---|---|---|---|---|"]
+    rows += [f"| {name} | {r.same} | {r.false_wrong:.3f} | {r.diff} | {r.true_wrong:.3f} | "
+             f"{r.true_wrong - r.false_wrong:+.3f} |" for name, r in parts.items()]
+    return "\n".join(rows)
+
+
+def _keep(path: Path, section: str, bundled: str, tune: JudgeRates, **more: object) -> None:
+    """Keep the tuning part's rates for a bundled model in one section of judge.json."""
     data = json.loads(path.read_text()) if path.exists() else {"models": {}}
-    data["models"][bundled] = {
-        "agreement": agreement, "false_wrong": round(tune.false_wrong, 4),
-        "true_wrong": round(tune.true_wrong, 4), "same_pairs": tune.same,
-        "diff_pairs": tune.diff, "served_as": model, "max_tokens": max_tokens,
+    data.setdefault(section, {})[bundled] = {
+        "false_wrong": round(tune.false_wrong, 4), "true_wrong": round(tune.true_wrong, 4),
+        "same_pairs": tune.same, "diff_pairs": tune.diff, **more,
         "measured_on": "the tuning part (bench/data/cache_pairs.tsv, cache_pairs_tune.tsv)"}
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
+
+
+def write(path: Path, bundled: str, agreement: float, tune: JudgeRates, model: str,
+          max_tokens: int) -> None:
+    _keep(path, "models", bundled, tune, agreement=agreement, served_as=model,
+          max_tokens=max_tokens)
 
 
 async def question_odds(client: httpx.AsyncClient, model: str, pairs: Sequence[Pair],
@@ -109,14 +127,11 @@ def question_rates(pairs: Sequence[Pair], odds: dict[tuple[str, str], float | No
                    threshold: float) -> JudgeRates:
     """As `rates`, for the questions judge at `threshold` (a pair with no verdict counts
     as not called wrong, as a live check with none moves nothing)."""
-    wrong = {True: 0, False: 0}
-    count = {True: 0, False: 0}
-    for p in pairs:
-        count[p.same] += 1
+    def called_wrong(p: Pair) -> bool:
         o = odds.get((p.a, p.b))
-        wrong[p.same] += o is not None and o < threshold
-    return JudgeRates(wrong[True] / max(1, count[True]), wrong[False] / max(1, count[False]),
-                      count[True], count[False])
+        return o is not None and o < threshold
+
+    return _tally(pairs, called_wrong)
 
 
 def choose_cut(pairs: Sequence[Pair], odds: dict[tuple[str, str], float | None]) -> float:
@@ -134,11 +149,4 @@ def choose_cut(pairs: Sequence[Pair], odds: dict[tuple[str, str], float | None])
 
 def write_questions(path: Path, bundled: str, threshold: float, tune: JudgeRates,
                     model: str) -> None:
-    data = json.loads(path.read_text()) if path.exists() else {"models": {}}
-    data.setdefault("questions", {})[bundled] = {
-        "threshold": threshold, "false_wrong": round(tune.false_wrong, 4),
-        "true_wrong": round(tune.true_wrong, 4), "same_pairs": tune.same,
-        "diff_pairs": tune.diff, "served_as": model,
-        "measured_on": "the tuning part (bench/data/cache_pairs.tsv, cache_pairs_tune.tsv)"}
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
+    _keep(path, "questions", bundled, tune, threshold=threshold, served_as=model)
