@@ -49,10 +49,10 @@ def test_written_calibration_is_what_the_budget_uses(tmp_path: Path,
     path = tmp_path / "judge.json"
     write(path, "tiny-model", 0.8, JudgeRates(0.3, 0.9, 10, 12), "tiny", 48)
     monkeypatch.setattr(judge, "CALIBRATION", path)
-    judge.calibration.cache_clear()
+    judge._measured.cache_clear()  # judge.json is read once
     try:
         model = ModelConfig(name="t", bundled="tiny-model")
         assert judge.errors_for(model, 0.8) == JudgeErrors(0.3, 0.9)
         assert json.loads(path.read_text())["models"]["tiny-model"]["same_pairs"] == 10
     finally:
-        judge.calibration.cache_clear()
+        judge._measured.cache_clear()  # judge.json is read once
