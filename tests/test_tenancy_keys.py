@@ -36,6 +36,13 @@ def bearer(key: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {key}"}
 
 
+def make_key(c: TestClient, **spec: Any) -> str:
+    """A managed key of tenant team-a, made by the admin: its secret."""
+    r = c.post("/v1/admin/keys", json={"tenant": "team-a", **spec}, headers=bearer(ADMIN))
+    assert r.status_code == 200, r.text
+    return str(r.json()["key"])
+
+
 def replica(stack: ExitStack, cfg: RedlineConfig) -> TestClient:
     app = create_app(cfg, backends={"fake": FakeBackend(), "other": FakeBackend("other")})
     c = stack.enter_context(TestClient(app))
@@ -134,12 +141,7 @@ def test_allowlist_budget_and_own_limits(tmp_path: Path) -> None:
     with ExitStack() as stack:
         c = replica(stack, config(f"sqlite:///{tmp_path / 'r.db'}"))
 
-        def make(**spec: Any) -> str:
-            r = c.post("/v1/admin/keys", json={"tenant": "team-a", **spec}, headers=bearer(ADMIN))
-            assert r.status_code == 200, r.text
-            return str(r.json()["key"])
-
-        narrow = make(models=["fake"])
+        narrow = make_key(c, models=["fake"])
         listed = c.get("/v1/models", headers=bearer(narrow)).json()["data"]
         assert [m["id"] for m in listed] == ["fake"]
         assert c.post("/v1/chat/completions", json=CHAT, headers=bearer(narrow)).status_code == 200
@@ -155,7 +157,7 @@ def test_allowlist_budget_and_own_limits(tmp_path: Path) -> None:
         assert r.status_code == 200
 
         # a budget of 10 tokens: the first answer (1 + 20 tokens) spends it, then 429
-        budget = make(budget_tokens=10, budget_period_s=86400)
+        budget = make_key(c, budget_tokens=10, budget_period_s=86400)
         assert c.post("/v1/chat/completions", json={**CHAT, "max_tokens": 20},
                       headers=bearer(budget)).status_code == 200
         last: list[Any] = []
@@ -172,7 +174,7 @@ def test_allowlist_budget_and_own_limits(tmp_path: Path) -> None:
         assert c.post("/v1/chat/completions", json=CHAT, headers=bearer(USER)).status_code == 200
 
         # limits of its own: rpm 2 for this key, the tenant's other keys unaffected
-        limited = make(rpm=2)
+        limited = make_key(c, rpm=2)
         codes = [c.post("/v1/chat/completions", json=CHAT, headers=bearer(limited)).status_code
                  for _ in range(3)]
         assert codes == [200, 200, 429], codes
@@ -224,27 +226,22 @@ def test_embeddings_are_held_to_the_key(tmp_path: Path) -> None:
     with ExitStack() as stack:
         c = replica(stack, config(f"sqlite:///{tmp_path / 'r.db'}"))
 
-        def make(**spec: Any) -> str:
-            r = c.post("/v1/admin/keys", json={"tenant": "team-a", **spec}, headers=bearer(ADMIN))
-            assert r.status_code == 200, r.text
-            return str(r.json()["key"])
-
         def listed(key: str) -> list[str]:
             return [m["id"] for m in c.get("/v1/models", headers=bearer(key)).json()["data"]]
 
         assert "all-minilm-l6-v2" in listed(USER)
-        narrow = make(models=["fake"])
+        narrow = make_key(c, models=["fake"])
         assert "all-minilm-l6-v2" not in listed(narrow)
         r = c.post("/v1/embeddings", json=embed, headers=bearer(narrow))
         assert r.status_code == 404 and r.json()["error"]["code"] == "model_not_found", r.text
-        allowed = make(models=["all-minilm-l6-v2"])
+        allowed = make_key(c, models=["all-minilm-l6-v2"])
         assert listed(allowed) == ["all-minilm-l6-v2"]
         r = c.post("/v1/embeddings", json=embed, headers=bearer(allowed))
         assert r.status_code == 200, r.text
         used = r.json()["usage"]["total_tokens"]
         assert used > 5
 
-        budget = make(budget_tokens=5, budget_period_s=86400)
+        budget = make_key(c, budget_tokens=5, budget_period_s=86400)
         assert c.post("/v1/embeddings", json=embed, headers=bearer(budget)).status_code == 200
         last: list[Any] = []
 
