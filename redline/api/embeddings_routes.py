@@ -76,7 +76,8 @@ async def _embedder(request: Request) -> MiniLMEmbedder:
     return await asyncio.to_thread(load_minilm, config.cache.embedder_path, threads)
 
 
-async def _local(request: Request, body: EmbeddingRequest) -> Response:
+async def _local(request: Request, body: EmbeddingRequest) -> tuple[Response, int]:
+    """The answer, and the tokens it embedded."""
     unknown = next(iter(body.model_extra or {}), None)  # kept for a remote upstream only
     if unknown is not None:
         raise InvalidRequest(f"The model `{LOCAL_MODEL}` does not serve '{unknown}'.",
@@ -100,10 +101,11 @@ async def _local(request: Request, body: EmbeddingRequest) -> Response:
                          "embedding": _encode(v, body.encoding_format)}
                         for i, v in enumerate(vectors)],
                "model": LOCAL_MODEL, "usage": {"prompt_tokens": total, "total_tokens": total}}
-    return Response(orjson.dumps(payload), media_type="application/json")
+    return Response(orjson.dumps(payload), media_type="application/json"), total
 
 
-async def _remote(request: Request, body: EmbeddingRequest, name: str) -> Response:
+async def _remote(request: Request, body: EmbeddingRequest, name: str) -> tuple[Response, int]:
+    """The upstream's answer, and the tokens its usage counts (0 for an error)."""
     config = services_of(request.app).config
     model = next(m for m in config.models if m.name == name)
     sent = body.model_dump(exclude_none=True) | {"model": model.upstream_model or name}
@@ -118,11 +120,11 @@ async def _remote(request: Request, body: EmbeddingRequest, name: str) -> Respon
     if r.status_code >= 500 or r.status_code in (401, 403, 404):  # ours to fix, not the user's
         raise BackendError(f"{name}: upstream answered {r.status_code}")
     if r.status_code >= 400:
-        return Response(r.content, status_code=r.status_code, media_type="application/json")
+        return Response(r.content, status_code=r.status_code, media_type="application/json"), 0
     payload = r.json()
     if isinstance(payload, dict) and "model" in payload:
         payload["model"] = name
-    return Response(orjson.dumps(payload), media_type="application/json")
+    return Response(orjson.dumps(payload), media_type="application/json"), _usage_tokens(payload)
 
 
 def local_available(embedder_path: str | None) -> bool:
@@ -137,11 +139,12 @@ def local_available(embedder_path: str | None) -> bool:
     return True
 
 
-def _usage_tokens(response: Response) -> int:
+def _usage_tokens(payload: Any) -> int:
+    """The tokens an upstream's answer says it used (0 where it says nothing usable)."""
     try:
-        usage = orjson.loads(bytes(response.body)).get("usage") or {}
+        usage = payload.get("usage") or {}
         return int(usage.get("total_tokens") or usage.get("prompt_tokens") or 0)
-    except (orjson.JSONDecodeError, AttributeError, TypeError, ValueError):
+    except (AttributeError, TypeError, ValueError):
         return 0
 
 
@@ -157,7 +160,7 @@ async def embeddings(body: EmbeddingRequest, request: Request) -> Response:
                             param="model")
     # held to the key as a completion is: its model allowlist, and its token budget
     await services.gate.check_model(request.scope, body.model)
-    response = await (_local(request, body) if local else _remote(request, body, body.model))
-    if response.status_code == 200:
-        services.gate.charge(request.scope, _usage_tokens(response))
+    response, tokens = await (_local(request, body) if local
+                              else _remote(request, body, body.model))
+    services.gate.charge(request.scope, tokens)
     return response
