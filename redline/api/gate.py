@@ -61,7 +61,7 @@ class GenerationGate:
     async def check(self, scope: Scope, gen: GenerationRequest) -> None:
         """The key's allowlist and budget only: what a request that becomes a job (it
         takes no slot; its tokens are charged as it runs) must pass as well."""
-        await self._check_key(scope.get("state", {}).get("api_key"), key_label(scope), gen.model)
+        await self.check_model(scope, gen.model)
 
     async def check_model(self, scope: Scope, model: str) -> None:
         """A request that generates nothing (embeddings) but names a model: the key's
@@ -74,10 +74,7 @@ class GenerationGate:
         key: ApiKey | None = scope.get("state", {}).get("api_key")
         if key is None or key.budget_tokens is None or tokens <= 0:
             return
-        budget = budget_key(key_label(scope), key.budget_period_s, time.time())
-        task = asyncio.get_running_loop().create_task(self._charge(budget, tokens))
-        self.pending.add(task)
-        task.add_done_callback(self.pending.discard)
+        self._charge_later(budget_key(key_label(scope), key.budget_period_s, time.time()), tokens)
 
     async def check_budget(self, scope: Scope) -> None:
         """The key's budget only (a batch: its lines' models are checked as they run)."""
@@ -157,9 +154,13 @@ class GenerationGate:
         usage = done.usage
         tokens = usage.total_tokens if usage is not None else done.output_tokens
         if tokens > 0:
-            task = asyncio.get_running_loop().create_task(self._charge(budget, tokens))
-            self.pending.add(task)
-            task.add_done_callback(self.pending.discard)
+            self._charge_later(budget, tokens)
+
+    def _charge_later(self, budget: tuple[str, float], tokens: int) -> None:
+        """Add `tokens` to a budget counter in the store, off the caller's path."""
+        task = asyncio.get_running_loop().create_task(self._charge(budget, tokens))
+        self.pending.add(task)
+        task.add_done_callback(self.pending.discard)
 
     async def _charge(self, budget: tuple[str, float], tokens: int) -> None:
         try:

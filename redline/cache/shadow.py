@@ -16,12 +16,15 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import time
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
+from typing import TypeVar
 
 from redline.backends.base import Backend
 from redline.cache.judge import question_messages, yes_log_odds
 from redline.closing import aclose
 from redline.types import GenerationRequest, SamplingParams, new_id
+
+T = TypeVar("T")
 
 
 class ShadowGenerator:
@@ -56,23 +59,34 @@ class ShadowGenerator:
             return True  # nothing of ours to wait for
         return await self._idle(model, time.monotonic() + self.max_wait_s)
 
+    async def _when_idle(self, model: str, attempt: Callable[[], Awaitable[T | None]],
+                         attempts: int | None = None) -> T | None:
+        """`attempt()` each time nothing competes with `model`, until it gives a result:
+        at most `attempts` (default: the generator's) times and `max_wait_s` in all, one
+        shadow at a time."""
+        deadline = time.monotonic() + self.max_wait_s
+        async with self._one:
+            for _ in range(attempts or self.attempts):
+                if not await self._idle(model, deadline):
+                    return None
+                result = await attempt()
+                if result is not None:
+                    return result
+        return None
+
     async def generate(self, request: GenerationRequest, model: str) -> str | None:
         """The answer `model` gives to `request`, or None: no such model, never idle long
         enough, preempted every time, or the generation failed or was cut short."""
         backend = self.backends.get(model)
         if backend is None:
             return None
-        deadline = time.monotonic() + self.max_wait_s
-        async with self._one:
-            for _ in range(self.attempts):
-                if not await self._idle(model, deadline):
-                    return None
-                shadow = dataclasses.replace(request, id=new_id("shadow"), use_cache=False,
-                                             arrival=time.perf_counter())
-                text = await self._run(backend, shadow, model)
-                if text is not None:
-                    return text
-        return None
+
+        def attempt() -> Awaitable[str | None]:
+            shadow = dataclasses.replace(request, id=new_id("shadow"), use_cache=False,
+                                         arrival=time.perf_counter())
+            return self._run(backend, shadow, model)
+
+        return await self._when_idle(model, attempt)
 
     async def judge_questions(self, model: str, cached: str, asked: str) -> float | None:
         """The questions judge: `model`'s log-odds that `asked` is the same question as
@@ -85,23 +99,23 @@ class ShadowGenerator:
         sampling = SamplingParams(max_tokens=1, temperature=0.0, logprobs=True, top_logprobs=20)
         request = GenerationRequest(model, sampling, messages=question_messages(cached, asked),
                                     id=new_id("judge"), tier="B", use_cache=False)
-        deadline = time.monotonic() + self.max_wait_s
-        async with self._one:
-            for _ in range(self.attempts):
-                if not await self._idle(model, deadline):
-                    return None
-                it = backend.stream(request)
-                try:
-                    async for chunk in it:
-                        if chunk.logprobs:
-                            return yes_log_odds(chunk.logprobs[0].top)
-                        if chunk.finish_reason is not None:
-                            return None
-                except Exception:  # no verdict; the user's traffic is unaffected
-                    return None
-                finally:
-                    await aclose(it)
-        return None
+
+        async def attempt() -> float | None:
+            it = backend.stream(request)
+            try:
+                async for chunk in it:
+                    if chunk.logprobs:
+                        return yes_log_odds(chunk.logprobs[0].top)
+                    if chunk.finish_reason is not None:
+                        return None
+            except Exception:  # no verdict; the user's traffic is unaffected
+                return None
+            finally:
+                await aclose(it)
+            return None
+
+        # one attempt: nothing preempts it, and a greedy answer would not change
+        return await self._when_idle(model, attempt, attempts=1)
 
     async def _run(self, backend: Backend, request: GenerationRequest, model: str) -> str | None:
         parts: list[str] = []
