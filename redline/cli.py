@@ -253,10 +253,10 @@ def eval_judge(args: argparse.Namespace) -> int:
     test = load_pairs(TEST_PAIRS)
     if args.limit:
         tune, test = tune[:args.limit], test[:args.limit]
-    questions = sorted({q for p in tune + test for q in (p.a, p.b)})
     headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
     if args.judge == "questions":
         return _eval_question_judge(args, tune, test, headers)
+    questions = sorted({q for p in tune + test for q in (p.a, p.b)})
 
     async def ask() -> dict[str, str]:
         async with httpx.AsyncClient(base_url=args.url, timeout=600, headers=headers) as client:
