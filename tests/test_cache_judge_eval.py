@@ -14,7 +14,15 @@ from redline.cache import judge
 from redline.cache.embedder import HashingEmbedder
 from redline.cache.error_budget import JudgeErrors
 from redline.cache.evaluate import Pair
-from redline.cache.judge_eval import JudgeRates, answers, rates, write
+from redline.cache.judge_eval import (
+    JudgeRates,
+    answers,
+    choose_cut,
+    question_odds,
+    question_rates,
+    rates,
+    write,
+)
 from redline.config import ModelConfig
 
 
@@ -56,3 +64,36 @@ def test_written_calibration_is_what_the_budget_uses(tmp_path: Path,
         assert json.loads(path.read_text())["models"]["tiny-model"]["same_pairs"] == 10
     finally:
         judge._measured.cache_clear()  # judge.json is read once
+
+
+async def test_the_questions_judge_asks_each_pair_once_and_picks_its_cut() -> None:
+    """`--judge questions`: one token with top-20 logprobs per pair, greedy, the cache
+    bypassed; the log-odds read from them; the cut chosen where the separation is widest;
+    a pair with no yes or no never counts as called wrong."""
+    seen: list[dict[str, object]] = []
+    # the judge's log-odds of yes: paraphrases high, near misses low, one of each wrong side
+    odds = {"p1": 2.0, "p2": 1.0, "p3": -3.0, "d1": -2.0, "d2": -1.5, "d3": 1.5}
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        body = json.loads(request.content)
+        seen.append(body)
+        tag = str(body["messages"][-1]["content"]).split("Question B: ")[1].split("\n")[0]
+        if tag == "none":
+            top = [{"token": "Maybe", "logprob": -0.1}]
+        else:
+            top = [{"token": "Yes", "logprob": odds[tag] / 2}, {"token": "No", "logprob": -odds[tag] / 2}]
+        return httpx.Response(200, json={"choices": [{"logprobs": {"content": [
+            {"token": top[0]["token"], "logprob": top[0]["logprob"], "top_logprobs": top}]}}]})
+
+    pairs = [Pair(True, "paraphrase", "q", t) for t in ("p1", "p2", "p3")] + \
+        [Pair(False, "order", "q", t) for t in ("d1", "d2", "d3", "none")]
+    async with httpx.AsyncClient(base_url="http://x", transport=httpx.MockTransport(handler)) as c:
+        got = await question_odds(c, "judge", pairs, concurrency=2)
+    assert all(b["max_tokens"] == 1 and b["temperature"] == 0 and b["logprobs"] is True
+               and b["top_logprobs"] == 20 for b in seen) and len(seen) == len(pairs)
+    assert got[("q", "none")] is None
+    assert all(abs(got[("q", t)] - o) < 1e-9 for t, o in odds.items())  # type: ignore[operator]
+    cut = choose_cut(pairs, got)
+    assert -1.5 < cut < 1.0  # between d2 and p2: p3 and d3 stay on the wrong side
+    r = question_rates(pairs, got, cut)
+    assert r == JudgeRates(false_wrong=1 / 3, true_wrong=2 / 4, same=3, diff=4)
