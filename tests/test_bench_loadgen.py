@@ -55,6 +55,26 @@ async def test_a_dropped_keep_alive_connection_is_retried_on_a_fresh_one() -> No
         await server.wait_closed()
 
 
+async def test_a_pool_of_dropped_connections_is_worked_through() -> None:
+    """Six clients leave six pooled connections that the server has closed by the next
+    request: the request tries each of them, then a fresh one (three tries were not
+    enough for llama-server at 16 clients)."""
+    server, connections = await serve_once_per_connection()
+    port = server.sockets[0].getsockname()[1]
+    target = Target("t", f"http://127.0.0.1:{port}", "m")
+    try:
+        async with _session(6, 10.0) as client:
+            firsts = await asyncio.gather(*(one_request(client, target, {"messages": []})
+                                            for _ in range(6)))
+            assert all(f.ok for f in firsts) and len(connections) == 6
+            later = await one_request(client, target, {"messages": []})
+        assert later.ok and later.text == "hi", later.error
+        assert len(connections) == 7
+    finally:
+        server.close()
+        await server.wait_closed()
+
+
 async def test_redline_bench_shows_progress_while_it_runs(capsys) -> None:  # type: ignore[no-untyped-def]
     from redline.bench.cli import progress
     from redline.bench.loadgen import Sample

@@ -74,7 +74,10 @@ async def one_request(client: aiohttp.ClientSession, target: Target, body: Body)
     is not the server's. The time of the first try counts."""
     t0 = time.perf_counter()
     sample = await _one_request(client, target, body, t0)
-    for _ in range(2):  # the pool may hold more than one connection the server closed
+    # the pool may hold as many connections the server closed as it has room for: each
+    # failed try discards one (at 16 clients, 3 tries left llama-server's requests failed)
+    pool = client.connector.limit if client.connector is not None and client.connector.limit else 2
+    for _ in range(max(2, pool)):
         if sample.ok or not sample.stale:
             break
         sample = await _one_request(client, target, body, t0)
