@@ -110,7 +110,8 @@ def test_prefix_reuse_takes_the_free_slot_with_the_longest_shared_prefix(loop):
 
 def test_a_trivial_shared_prefix_does_not_overwrite_a_valuable_one(loop):
     """Two questions that share only the chat template's first 3 tokens: the second goes
-    to an empty slot, so the first's cached prompt is still there when it comes again."""
+    to an empty slot, so the first's cached prompt is still there when it comes again;
+    the template's cells are shared into the empty slot, not computed again."""
     s = Scheduler(n_seq_max=2, n_batch=64)
     template = [1, 2, 3]
     q1 = make(loop, template + list(range(100, 120)), "q1")
@@ -119,8 +120,11 @@ def test_a_trivial_shared_prefix_does_not_overwrite_a_valuable_one(loop):
     s.finish(q1)
     q2 = make(loop, template + list(range(200, 220)), "q2")
     s.add(q2)
-    run_step(s)
-    assert q2.slot != q1.slot and q2.reused == 0
+    batch = s.schedule()
+    assert q2.slot != q1.slot and q2.reused == 3
+    assert batch.kv.order == [("remove", (q2.slot, 0)), ("copy", (q1.slot, q2.slot, 0, 3))]
+    assert len(batch.entries) == 20
+    s.commit(batch)
     s.finish(q2)
     again = make(loop, template + list(range(100, 118)) + [7, 7], "again")
     s.add(again)
@@ -397,20 +401,44 @@ def test_host_cache_lookup_goes_by_blocks_and_forgets_dropped_entries():
     assert h.best(system, 10_000) == (None, 0) and not h._index
 
 
-def test_reusable_does_not_count_a_prefix_placement_would_not_keep(loop):
+def test_a_prefix_is_copied_from_a_free_slot_before_the_next_newcomer_takes_it(loop):
+    """Two newcomers in one step: the first copies 40 tokens from a free slot into an
+    empty one, the second is then given that free slot and cuts its cells to what it
+    shares. The edits are applied in the order they were made, so the copy reads the
+    cells before the cut (removals first would copy cells already gone)."""
+    s = Scheduler(n_seq_max=2, n_batch=512)
+    a = make(loop, list(range(100)), "a")
+    s.add(a)
+    finish_after_prefill(s, a)
+    y = make(loop, list(range(40)) + list(range(9000, 9100)), "y")  # 40 of 140 shared
+    x = make(loop, list(range(3)) + list(range(5000, 5020)), "x")  # the template only
+    s.add(y)
+    s.add(x)
+    batch = s.schedule()
+    assert y.reused == 40 and y.slot != a.slot and x.slot == a.slot and x.reused == 3
+    copy = batch.kv.order.index(("copy", (a.slot, y.slot, 0, 40)))
+    cut = batch.kv.order.index(("remove", (a.slot, 3)))
+    assert batch.kv.order.index(("remove", (y.slot, 0))) < copy < cut
+
+
+def test_reusable_counts_what_placement_reuses(loop):
     """A free slot sharing less than half of a prompt is not taken (its prefix is worth
-    more to the next request that shares it): an empty slot is, and the forecast counts
-    what that placement reuses (nothing), not the other slot's few shared tokens."""
+    more to the next request that shares it): an empty slot is, with the shared tokens'
+    cells copied into it, and the forecast counts exactly that copy."""
     s = Scheduler(n_seq_max=2, n_batch=512)
     a = make(loop, list(range(100)), "a")
     s.add(a)
     finish_after_prefill(s, a)
     prompt = list(range(40)) + list(range(9000, 9100))  # shares 40 of 140 tokens with a's slot
-    assert s.reusable(prompt) == 0
+    assert s.reusable(prompt) == 40
     b = make(loop, prompt, "b")
     s.add(b)
-    s.schedule()
-    assert b.reused == 0 and b.slot != a.slot
+    batch = s.schedule()
+    assert b.reused == 40 and b.slot != a.slot
+    assert (a.slot, b.slot, 0, 40) in batch.kv.copies and not any(
+        seq_id == a.slot for seq_id, _ in batch.kv.removals)  # a's 100 cells stay whole
+    s.commit(batch)
+    s.finish(b)
     # the same prompt sharing more than half: in place, counted alike
     c_prompt = list(range(90)) + [7, 7]
     assert s.reusable(c_prompt) == 90

@@ -211,14 +211,17 @@ class Engine:
                 self._deliver(seq, self._final(seq, "cancelled", ""))
 
     def _decode(self, batch: ScheduledBatch) -> None:
-        self._save(batch.kv.saves)
-        for seq_id, p0 in batch.kv.removals:
-            if not self.runner.seq_remove(seq_id, p0, -1):
-                self._reset_slot(seq_id)
-        for src, dst, p0, p1 in batch.kv.copies:
-            self.runner.seq_copy(src, dst, p0, p1)
-        for seq_id, entry, keep in batch.kv.restores:
-            self._restore(seq_id, entry, keep)
+        for kind, op in batch.kv.order:
+            if kind == "save":
+                self._save([op])
+            elif kind == "remove":
+                seq_id, p0 = op
+                if not self.runner.seq_remove(seq_id, p0, -1):
+                    self._reset_slot(seq_id)
+            elif kind == "copy":
+                self.runner.seq_copy(*op)
+            else:
+                self._restore(*op)
         if not batch.entries:
             return
         while True:

@@ -59,6 +59,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from redline.engine.budget import PrefillBudget
 from redline.engine.host_cache import Entry, HostCache
@@ -79,7 +80,7 @@ class Slot:
 @dataclass(frozen=True)
 class Placement:
     """A free slot for a new sequence, and the `reused` leading tokens of its context it
-    starts with: kept in place, copied from `source` (a running sequence's slot), or
+    starts with: kept in place, copied from `source` (another slot, running or not), or
     restored from a host cache `entry`."""
 
     slot: Slot
@@ -90,14 +91,36 @@ class Placement:
 
 @dataclass
 class KVOps:
-    """Cache edits to apply before the batch, in this order: (seq, tokens) saves to the
-    host cache (the slot's cells as they are), (seq, p0) removals, (src, dst, p0, p1)
-    copies, (seq, entry, keep) restores of a host entry's first `keep` tokens."""
+    """Cache edits to apply before the batch, in the order they were made (`order`):
+    (seq, tokens) saves to the host cache (the slot's cells as they are), (seq, p0)
+    removals, (src, dst, p0, p1) copies, (seq, entry, keep) restores of a host entry's
+    first `keep` tokens. In order, because a free slot that one newcomer copies a prefix
+    from may be given to the next newcomer in the same step, which removes its cells."""
 
     removals: list[tuple[int, int]] = field(default_factory=list)
     copies: list[tuple[int, int, int, int]] = field(default_factory=list)
     saves: list[tuple[int, list[int]]] = field(default_factory=list)
     restores: list[tuple[int, Entry, int]] = field(default_factory=list)
+    order: list[tuple[str, Any]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.order += [("remove", r) for r in self.removals]
+
+    def remove(self, seq_id: int, p0: int) -> None:
+        self.removals.append((seq_id, p0))
+        self.order.append(("remove", self.removals[-1]))
+
+    def copy(self, src: int, dst: int, p0: int, p1: int) -> None:
+        self.copies.append((src, dst, p0, p1))
+        self.order.append(("copy", self.copies[-1]))
+
+    def save(self, seq_id: int, tokens: list[int]) -> None:
+        self.saves.append((seq_id, tokens))
+        self.order.append(("save", self.saves[-1]))
+
+    def restore(self, seq_id: int, entry: Entry, keep: int) -> None:
+        self.restores.append((seq_id, entry, keep))
+        self.order.append(("restore", self.restores[-1]))
 
 
 @dataclass
@@ -368,15 +391,18 @@ class Scheduler:
         if shared[best_free.seq_id] * 2 < len(context):
             best_free = spare
         best_free_n = shared[best_free.seq_id]
-        best_busy = max((s for s in self.slots if s.owner is not None),
-                        key=lambda s: shared[s.seq_id], default=None)
-        best_busy_n = shared[best_busy.seq_id] if best_busy is not None else 0
+        # the longest prefix another slot holds, running or not: its cells are shared
+        # into the chosen slot (a metadata copy in the unified buffer), so a newcomer in
+        # an empty slot still skips the chat template's system prompt that every slot has
+        source = max((s for s in self.slots if s is not best_free),
+                     key=lambda s: shared[s.seq_id], default=None)
+        source_n = shared[source.seq_id] if source is not None else 0
         entry, host_n = (self.host.best(context, limit) if self.host is not None and self.prefix_reuse
                          else (None, 0))
-        if entry is not None and host_n >= max(best_free_n, best_busy_n) + MIN_RESTORE:
+        if entry is not None and host_n >= max(best_free_n, source_n) + MIN_RESTORE:
             return Placement(spare, host_n, entry=entry)
-        if best_busy is not None and best_busy_n > best_free_n:
-            return Placement(best_free, best_busy_n, source=best_busy)
+        if source is not None and source_n > best_free_n:
+            return Placement(best_free, source_n, source=source)
         return Placement(best_free, best_free_n)
 
     def _place(self, seq: Sequence, kv: KVOps) -> None:
@@ -386,17 +412,17 @@ class Scheduler:
         slot = where.slot
         if where.entry is not None:
             self._keep(slot, 0, kv)
-            kv.removals.append((slot.seq_id, 0))
-            kv.restores.append((slot.seq_id, where.entry, where.reused))
+            kv.remove(slot.seq_id, 0)
+            kv.restore(slot.seq_id, where.entry, where.reused)
             slot.tokens = where.entry.tokens[:where.reused]
         elif where.source is not None:
             self._keep(slot, 0, kv)
-            kv.removals.append((slot.seq_id, 0))
-            kv.copies.append((where.source.seq_id, slot.seq_id, 0, where.reused))
+            kv.remove(slot.seq_id, 0)
+            kv.copy(where.source.seq_id, slot.seq_id, 0, where.reused)
             slot.tokens = context[:where.reused]
         else:
             self._keep(slot, where.reused, kv)
-            kv.removals.append((slot.seq_id, where.reused))
+            kv.remove(slot.seq_id, where.reused)
             del slot.tokens[where.reused:]
         slot.owner = seq
         seq.slot = slot.seq_id
@@ -410,7 +436,7 @@ class Scheduler:
         hold enough that it lacks (engine/host_cache.py)."""
         if self.host is not None and len(slot.tokens) - kept >= MIN_RESTORE \
                 and self.host.wants(slot.tokens):
-            kv.saves.append((slot.seq_id, list(slot.tokens)))
+            kv.save(slot.seq_id, list(slot.tokens))
 
     def commit(self, batch: ScheduledBatch) -> None:
         """The decode ran: the fed tokens are now in the KV cache."""
@@ -446,7 +472,7 @@ class Scheduler:
             seq_id = self.evict_oldest(kv)
             if seq_id is None:
                 return
-            kv.removals.append((seq_id, 0))
+            kv.remove(seq_id, 0)
 
     def evict_oldest(self, kv: KVOps) -> int | None:
         """Forget the cached prefix of the free slot used longest ago (after `kv.saves`
