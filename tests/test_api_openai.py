@@ -25,6 +25,14 @@ def test_models_lists_configured_and_auto(client):
     assert {SMOL, "auto"} <= ids
 
 
+def test_models_retrieve_one_and_404_for_unknown(client):
+    m = client.models.retrieve(SMOL)
+    assert m.id == SMOL and m.object == "model" and "chat" in m.capabilities  # type: ignore[attr-defined]
+    with pytest.raises(openai.NotFoundError) as e:
+        client.models.retrieve("no-such-model")
+    assert e.value.body["code"] == "model_not_found" and e.value.body["param"] == "model"
+
+
 def test_chat_non_stream_with_usage_and_headers(client):
     raw = client.chat.completions.with_raw_response.create(
         model=SMOL, messages=MSG, temperature=0, max_tokens=16)

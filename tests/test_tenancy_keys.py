@@ -144,6 +144,9 @@ def test_allowlist_budget_and_own_limits(tmp_path: Path) -> None:
         narrow = make_key(c, models=["fake"])
         listed = c.get("/v1/models", headers=bearer(narrow)).json()["data"]
         assert [m["id"] for m in listed] == ["fake"]
+        assert c.get("/v1/models/fake", headers=bearer(narrow)).json()["id"] == "fake"
+        r = c.get("/v1/models/other", headers=bearer(narrow))  # configured, not this key's
+        assert r.status_code == 404 and r.json()["error"]["code"] == "model_not_found"
         assert c.post("/v1/chat/completions", json=CHAT, headers=bearer(narrow)).status_code == 200
         for model in ("other", "auto"):  # auto is a model choice too: only if listed
             r = c.post("/v1/chat/completions", json={**CHAT, "model": model}, headers=bearer(narrow))

@@ -18,7 +18,7 @@ from redline.api.services import Services, services_of
 from redline.api.tenant import tenant_from
 from redline.api.unicode import check_text
 from redline.closing import aclose
-from redline.errors import InvalidRequest
+from redline.errors import InvalidRequest, ModelNotFound
 from redline.pipeline import Completion
 from redline.routing.names import AUTO, parse_tier
 from redline.streams import Progress, StreamManager
@@ -63,8 +63,8 @@ def model_ids(services: Services) -> list[str]:
     return names
 
 
-@router.get("/v1/models")
-async def list_models(request: Request) -> dict[str, Any]:
+def _model_objects(request: Request) -> list[dict[str, Any]]:
+    """OpenAI's model objects for what this request's key may use."""
     services = services_of(request.app)
     created = int(services.started_at)
     names = model_ids(services)
@@ -83,9 +83,23 @@ async def list_models(request: Request) -> dict[str, Any]:
             return sorted(frozenset().union(*served))
         return sorted(caps.of(name))
 
-    return {"object": "list",
-            "data": [{"id": n, "object": "model", "created": created, "owned_by": "redline",
-                      "capabilities": capabilities(n)} for n in names]}
+    return [{"id": n, "object": "model", "created": created, "owned_by": "redline",
+             "capabilities": capabilities(n)} for n in names]
+
+
+@router.get("/v1/models")
+async def list_models(request: Request) -> dict[str, Any]:
+    return {"object": "list", "data": _model_objects(request)}
+
+
+@router.get("/v1/models/{model:path}")
+async def retrieve_model(model: str, request: Request) -> dict[str, Any]:
+    """One model object (OpenAI's `models.retrieve`); a model the key may not use is as
+    unknown as one that is not configured."""
+    for obj in _model_objects(request):
+        if obj["id"] == model:
+            return obj
+    raise ModelNotFound(f"The model `{model}` does not exist.", param="model")
 
 
 # a JSON body is served by the hot routes (api/hot.py) before these see it; these serve
