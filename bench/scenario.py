@@ -13,6 +13,10 @@ of answers each model gave (X-Redline-Model, else the chunks' `model`).
         --target auto=auto@http://127.0.0.1:8000 \\
         --target smol=smollm2-135m-instruct@http://127.0.0.1:8000 --plot scenario.png
 
+`--pool-pairs FILE` (a cache pairs file, e.g. bench/data/cache_pairs_tune.tsv) makes the
+popular pool its `same` pairs, each asked in either wording at random: the repeats are then
+semantic hits as well as exact ones, which the cache's shadow checks and judge work on.
+
 A target is LABEL=MODEL@BASE_URL (BASE_URL without /v1). Progress goes to stderr every
 second. Figures measured on a shared machine are provisional: say so next to them.
 """
@@ -36,6 +40,7 @@ from routing_common import pct, session  # noqa: E402
 
 from redline.backends.sse import data_payloads  # noqa: E402
 from redline.bench.loadgen import STALE_CONNECTION  # noqa: E402
+from redline.cache.evaluate import load_pairs  # noqa: E402
 
 DATA = Path(__file__).resolve().parent / "data" / "questions.jsonl"
 LINE_S = {"frequent": 1.0, "one-off": 3.0, "report": 3.0}
@@ -78,10 +83,16 @@ class Target:
     results: list[Outcome] = field(default_factory=list)
 
 
-def schedule(n: int, rate: float, seed: int, pool_size: int) -> list[Item]:
+def schedule(n: int, rate: float, seed: int, pool_size: int,
+             pool_pairs: str | None = None) -> list[Item]:
     """The seeded schedule every target gets: arrival times and bodies."""
     rng = random.Random(seed)
-    pool = [json.loads(line)["question"] for line in DATA.read_text().splitlines() if line.strip()]
+    pool: list[tuple[str, ...]]
+    if pool_pairs:  # two wordings of each popular question
+        pool = [(p.a, p.b) for p in load_pairs(pool_pairs) if p.same]
+    else:
+        pool = [(json.loads(line)["question"],) for line in DATA.read_text().splitlines()
+                if line.strip()]
     pool = pool[:pool_size]
     weights = [1.0 / (i + 1) for i in range(len(pool))]  # a few questions most asked
     items, t = [], 0.0
@@ -96,7 +107,9 @@ def schedule(n: int, rate: float, seed: int, pool_size: int) -> list[Item]:
         fill = {"name": rng.choice(NAMES), "num": 100000 + rng.randrange(900000) + i,
                 "issue": rng.choice(ISSUES), "n": rng.randrange(20, 400)}
         if kind == "frequent":
-            text = rng.choices(pool, weights)[0]
+            wordings = rng.choices(pool, weights)[0]
+            # one wording draws nothing more: the default schedule stays as it was
+            text = wordings[0] if len(wordings) == 1 else rng.choice(wordings)
         elif kind == "one-off":
             text = rng.choice(ONE_OFF).format(**fill)
         else:
@@ -279,7 +292,7 @@ def parse_target(spec: str) -> Target:
 
 async def main_async(a: argparse.Namespace) -> None:
     targets = [parse_target(s) for s in a.target]
-    items = schedule(a.n, a.rate, a.seed, a.pool)
+    items = schedule(a.n, a.rate, a.seed, a.pool, a.pool_pairs)
     headers = {"Authorization": f"Bearer {a.api_key}"} if a.api_key else {}
     kinds = {k: sum(1 for i in items if i.kind == k) for k, _, _ in MIX}
     print(f"# {a.n} requests, Poisson {a.rate}/s (seed {a.seed}), over {items[-1].at:.0f} s; "
@@ -289,7 +302,7 @@ async def main_async(a: argparse.Namespace) -> None:
             await asyncio.sleep(a.pause)  # the previous target's stragglers drain
         own = headers or {  # an open redline server: a tenant (and a cache) per target run
             "Authorization": f"Bearer scenario-{t.label}-{a.seed}-{time.time_ns()}"}
-        await warm(t, schedule(a.warmup, a.rate, a.seed + 1000, a.pool), own)
+        await warm(t, schedule(a.warmup, a.rate, a.seed + 1000, a.pool, a.pool_pairs), own)
         await run_target(t, items, own)
     rows = [report(t) for t in targets]
     if a.json:
@@ -318,6 +331,8 @@ def main() -> None:
     p.add_argument("--rate", type=float, default=2.0, help="arrivals per second (Poisson)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--pool", type=int, default=20, help="popular questions the frequent ones use")
+    p.add_argument("--pool-pairs", default=None, help="FILE.tsv: the pool is its `same` pairs, "
+                   "asked in either wording (semantic hits)")
     p.add_argument("--pause", type=float, default=5.0, help="seconds between targets")
     p.add_argument("--warmup", type=int, default=4, help="requests per target first, not counted")
     p.add_argument("--api-key", default=None, help="default: on an open server, a new bearer "
