@@ -76,7 +76,7 @@ async def one_request(client: aiohttp.ClientSession, target: Target, body: Body)
     sample = await _one_request(client, target, body, t0)
     # the pool may hold as many connections the server closed as it has room for: each
     # failed try discards one (at 16 clients, 3 tries left llama-server's requests failed)
-    pool = client.connector.limit if client.connector is not None and client.connector.limit else 2
+    pool = client.connector.limit if client.connector is not None else 0  # 0: no limit
     for _ in range(max(2, pool)):
         if sample.ok or not sample.stale:
             break

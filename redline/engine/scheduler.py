@@ -97,30 +97,38 @@ class KVOps:
     first `keep` tokens. In order, because a free slot that one newcomer copies a prefix
     from may be given to the next newcomer in the same step, which removes its cells."""
 
-    removals: list[tuple[int, int]] = field(default_factory=list)
-    copies: list[tuple[int, int, int, int]] = field(default_factory=list)
-    saves: list[tuple[int, list[int]]] = field(default_factory=list)
-    restores: list[tuple[int, Entry, int]] = field(default_factory=list)
     order: list[tuple[str, Any]] = field(default_factory=list)
 
-    def __post_init__(self) -> None:
-        self.order += [("remove", r) for r in self.removals]
+    def _of(self, kind: str) -> list[Any]:
+        return [op for k, op in self.order if k == kind]
+
+    @property
+    def removals(self) -> list[tuple[int, int]]:
+        return self._of("remove")
+
+    @property
+    def copies(self) -> list[tuple[int, int, int, int]]:
+        return self._of("copy")
+
+    @property
+    def saves(self) -> list[tuple[int, list[int]]]:
+        return self._of("save")
+
+    @property
+    def restores(self) -> list[tuple[int, Entry, int]]:
+        return self._of("restore")
 
     def remove(self, seq_id: int, p0: int) -> None:
-        self.removals.append((seq_id, p0))
-        self.order.append(("remove", self.removals[-1]))
+        self.order.append(("remove", (seq_id, p0)))
 
     def copy(self, src: int, dst: int, p0: int, p1: int) -> None:
-        self.copies.append((src, dst, p0, p1))
-        self.order.append(("copy", self.copies[-1]))
+        self.order.append(("copy", (src, dst, p0, p1)))
 
     def save(self, seq_id: int, tokens: list[int]) -> None:
-        self.saves.append((seq_id, tokens))
-        self.order.append(("save", self.saves[-1]))
+        self.order.append(("save", (seq_id, tokens)))
 
     def restore(self, seq_id: int, entry: Entry, keep: int) -> None:
-        self.restores.append((seq_id, entry, keep))
-        self.order.append(("restore", self.restores[-1]))
+        self.order.append(("restore", (seq_id, entry, keep)))
 
 
 @dataclass
@@ -192,7 +200,7 @@ class Scheduler:
         entries: list[BatchEntry] = []
         samplers: list[tuple[Sequence, int]] = []
         fed: list[tuple[Sequence, list[int]]] = []
-        kv = KVOps(removals=self._rollbacks)
+        kv = KVOps([("remove", r) for r in self._rollbacks])  # a rejected draft's cells first
         self._rollbacks = []
         self._trim(kv)
         # 1. admit waiting sequences, best first, while a slot is free or one yields
