@@ -125,24 +125,65 @@ def test_tools_and_earlier_tool_turns_render_as_text() -> None:
     assert "# Tools" not in render(msgs, (WEATHER,), ToolChoice("none"))[0].content
 
 
+def _parse(answer: str, size: int) -> tuple[str, list[tuple[int, str | None, str]]]:
+    """`answer` fed `size` characters at a time: the content, and (index, name, arguments)
+    of each tool-call delta."""
+    parser = ToolCallParser((WEATHER, TIME))
+    text, deltas = [], []
+    for i in range(0, len(answer), size):
+        t, d = parser.feed(answer[i:i + size])
+        text.append(t)
+        deltas.extend(d)
+    t, d = parser.finish()
+    text.append(t)
+    deltas.extend(d)
+    for first, args in zip(deltas[::2], deltas[1::2], strict=True):
+        # as OpenAI streams a call: id, type and name first, then the arguments
+        assert first.id and first.type == "function" and args.id is None
+    return "".join(text), [(d.index, d.name, d.arguments) for d in deltas]
+
+
+PARIS = [(0, "get_weather", ""), (0, None, '{"city": "Paris"}')]
+
+
 def test_the_parser_splits_text_and_calls_across_any_chunking() -> None:
     answer = ('Let me check. <tool_call>\n{"name": "get_weather", "arguments": '
               '{"city": "Paris"}}\n</tool_call><tool_call>{"name": "nope", "arguments": {}}'
               '</tool_call> <tool_')
     for size in (1, 3, 7, len(answer)):
-        parser = ToolCallParser((WEATHER,))
-        text, deltas = [], []
-        for i in range(0, len(answer), size):
-            t, d = parser.feed(answer[i:i + size])
-            text.append(t)
-            deltas.extend(d)
-        text.append(parser.flush())
         # an unknown function stays text; an unfinished block at the end is text too
-        assert "".join(text) == ('Let me check. <tool_call>{"name": "nope", "arguments": {}}'
-                                 '</tool_call> <tool_')
-        assert [(d.index, d.name, d.arguments) for d in deltas] == [
-            (0, "get_weather", ""), (0, None, '{"city": "Paris"}')]
-        assert deltas[0].id and deltas[0].type == "function" and deltas[1].id is None
+        assert _parse(answer, size) == (
+            'Let me check. <tool_call>{"name": "nope", "arguments": {}}</tool_call> <tool_',
+            PARIS)
+
+
+@pytest.mark.parametrize(("answer", "content", "calls"), [
+    # Qwen2.5-Coder calls without the tags (llama.cpp's parser of this format takes it too)
+    ('{"name": "get_weather", "arguments": {"city": "Paris"}}', "", PARIS),
+    ('```json\n{ "name" : "get_weather", "arguments": "{\\"city\\": \\"Paris\\"}"}\n```',
+     "", PARIS),
+    ('```\n{"name": "get_weather", "arguments": {"city": "Paris"}}', "", PARIS),  # unclosed fence
+    ('Checking.\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n'
+     '{"name": "get_time", "arguments": {}}',
+     "Checking.\n\n", PARIS + [(1, "get_time", ""), (1, None, "{}")]),
+    # braces, fences and objects that are no call stay text, byte for byte
+    ('Use {x} or `f()`, <b>bold</b> and a < b.\n```python\nd = {"name": 1}\n```\n'
+     '{"name": "Bob", "arguments": {"name": "get_time", "arguments": {}}} '
+     '{"name": "get_weather", "arguments": [1]} {"name": "get_weather", "argu',
+     'Use {x} or `f()`, <b>bold</b> and a < b.\n```python\nd = {"name": 1}\n```\n'
+     '{"name": "Bob", "arguments": {"name": "get_time", "arguments": {}}} '
+     '{"name": "get_weather", "arguments": [1]} {"name": "get_weather", "argu', []),
+    # a block cut short (max_tokens): a whole call inside counts, else it is all text
+    ('<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n', "\n", PARIS),
+    ('<tool_call>\n{"name": "get_weather", "arguments": {"city": "Pa',
+     '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Pa', []),
+    ('A brace in a string: {"name": "get_weather", "arguments": {"city": "}{\\""}} ok',
+     "A brace in a string:  ok", [(0, "get_weather", ""), (0, None, '{"city": "}{\\""}')]),
+])
+def test_the_parser_takes_bare_calls_as_llama_cpp_does(
+        answer: str, content: str, calls: list[tuple[int, str | None, str]]) -> None:
+    for size in (1, 2, 5, len(answer)):
+        assert _parse(answer, size) == (content, calls), size
 
 
 def test_parallel_tool_calls_false_forces_exactly_one_call() -> None:

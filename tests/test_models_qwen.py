@@ -3,6 +3,7 @@ packages: checked against its digest, and a chat model that answers a question."
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -10,7 +11,7 @@ import pytest
 from redline.backends.local import LocalBackend
 from redline.config import load_config
 from redline.models import QWEN_PARTS, assemble_parts, bundled_path
-from redline.types import GenerationRequest, Message, SamplingParams
+from redline.types import FunctionTool, GenerationRequest, Message, SamplingParams, ToolChoice
 
 pytestmark = pytest.mark.slow
 NAME = "qwen2.5-coder-0.5b-instruct"
@@ -59,3 +60,28 @@ def test_auto_weights_pick_bf16_only_where_cpu_and_build_have_its_kernels() -> N
     assert not bf16_usable(cpu, generic)  # the CPU could, this build cannot
     assert not bf16_usable(old_cpu, native)
     assert not bf16_usable(old_cpu, generic)
+
+
+async def test_the_default_large_model_calls_a_tool_when_free_to() -> None:
+    """`tool_choice: auto` (no grammar): Qwen2.5-Coder answers a call as a bare JSON object,
+    without the <tool_call> tags; it comes back as a tool call, as llama-server gives it."""
+    cfg = load_config().model(NAME)
+    assert cfg is not None and cfg.has("tools")
+    cfg = cfg.model_copy(update={"warmup": False, "n_seq_max": 2, "n_ctx": 1024})
+    backend = LocalBackend(cfg, Path(".redline/models"))
+    await backend.start()
+    weather = FunctionTool("get_weather", "The current weather in a city", {
+        "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]})
+    try:
+        req = GenerationRequest(model=NAME, messages=(
+            Message("user", "What is the weather in Paris right now?"),),
+            sampling=SamplingParams(max_tokens=60, temperature=0.0),
+            tools=(weather,), tool_choice=ToolChoice("auto"))
+        chunks = [c async for c in backend.stream(req)]
+    finally:
+        await backend.close()
+    calls = [d for c in chunks for d in c.tool_calls]
+    assert [d.name for d in calls if d.name] == ["get_weather"]
+    assert json.loads("".join(d.arguments or "" for d in calls)) == {"city": "Paris"}
+    assert "".join(c.text for c in chunks).strip() == ""
+    assert chunks[-1].finish_reason == "tool_calls"

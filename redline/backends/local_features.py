@@ -64,7 +64,8 @@ async def with_tool_calls(chunks: AsyncIterator[Chunk], parser: ToolCallParser) 
     async for chunk in chunks:
         text, calls = parser.feed(chunk.text)
         if chunk.finish is not None:
-            text += parser.flush()
+            rest, last = parser.finish()
+            text, calls = text + rest, calls + last
             if parser.calls and chunk.finish == "stop":
                 if chunk.finish_reason is not None:
                     chunk.finish_reason = "tool_calls"

@@ -17,15 +17,16 @@ instruct models were trained on it; other models get the same text (with `tool_c
     assistant turn with tool calls: its text, then one <tool_call> block per call
     tool result: a user turn of <tool_response>\\n...\\n</tool_response> (as Qwen2.5's template)
 
-The answer is parsed back: text outside <tool_call> blocks is content; a block whose JSON
-names a listed function with object arguments is a tool call; anything else stays text.
+The answer is parsed back: a <tool_call> block, or a bare `{"name": ..., "arguments": ...}`
+object (fenced or not), whose JSON names a listed function with object arguments is a tool
+call; everything else is content.
 """
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from redline.engine.grammar import converter, text, visit
 from redline.errors import InvalidRequest
@@ -111,11 +112,16 @@ def grammar(tools: tuple[FunctionTool, ...], choice: ToolChoice | None,
 
 @dataclass
 class ToolCallParser:
-    """Splits an answer streamed as text into content and tool-call deltas."""
+    """Splits an answer streamed as text into content and tool-call deltas.
+
+    A call is a <tool_call> block, or a bare JSON object `{"name": ..., "arguments": ...}`
+    (in a ```json fence or not), as llama.cpp's own parser of this format takes it:
+    Qwen2.5-Coder, for one, answers a call without the tags. Either counts only when it
+    names a listed function with object arguments; anything else is text. Text that may
+    still become a call (an open tag or object, a fence) is held until it is decided."""
 
     tools: tuple[FunctionTool, ...]
-    held: str = ""  # text not yet emitted: a possible start of OPEN, or an open block
-    inside: bool = False
+    held: str = ""  # text not yet emitted: from where a call may begin
     calls: int = 0
     _names: frozenset[str] = field(default_factory=frozenset)
 
@@ -125,37 +131,86 @@ class ToolCallParser:
     def feed(self, text: str) -> tuple[str, tuple[ToolCallDelta, ...]]:
         """Content to emit now and the tool-call deltas completed by `text`."""
         self.held += text
+        return self._scan(final=False)
+
+    def finish(self) -> tuple[str, tuple[ToolCallDelta, ...]]:
+        """At the end: the rest, as content and the last calls. A fenced call whose closing
+        fence never came still counts; an unfinished block or object is text."""
+        text, deltas = self._scan(final=True)
+        text, self.held = text + self.held, ""
+        return text, deltas
+
+    def _scan(self, final: bool) -> tuple[str, tuple[ToolCallDelta, ...]]:
+        s = self.held
         content: list[str] = []
         deltas: list[ToolCallDelta] = []
+        done = 0  # s[:done] is decided
+        i = done
         while True:
-            if not self.inside:
-                at = self.held.find(OPEN)
-                if at < 0:
-                    keep = _partial(self.held, OPEN)
-                    content.append(self.held[: len(self.held) - keep])
-                    self.held = self.held[len(self.held) - keep:]
-                    break
-                content.append(self.held[:at])
-                self.held = self.held[at:]
-                self.inside = True
-            end = self.held.find(CLOSE)
-            if end < 0:
+            i = _next_start(s, i)
+            if i < 0:
                 break
-            block, self.held = self.held[: end + len(CLOSE)], self.held[end + len(CLOSE):]
-            self.inside = False
-            call = self._call(block[len(OPEN): -len(CLOSE)])
-            if call is None:
-                content.append(block)
-            else:
-                deltas.extend(call)
+            found = self._call_at(s, i, final)
+            if found is None:  # may still become a call: hold from here
+                break
+            if found is False:
+                i += 1
+                continue
+            end, call = found
+            if call is None:  # a complete block or object that is no call: text
+                i = end
+                continue
+            content.append(s[done:i])
+            deltas.extend(self._deltas(*call))
+            done = i = end
+        stop = len(s) if i < 0 else i
+        content.append(s[done:stop])
+        self.held = s[stop:]
         return "".join(content), tuple(deltas)
 
-    def flush(self) -> str:
-        """At the end: what is held (an unfinished block) is text."""
-        text, self.held, self.inside = self.held, "", False
-        return text
+    def _call_at(self, s: str, i: int, final: bool
+                 ) -> tuple[int, _Call | None] | Literal[False] | None:
+        """At `s[i]` (a '<', '{' or '`'): None while more text could decide; False if no
+        call begins here; else where the block or object ends, and its call (None: it is
+        none)."""
+        if s[i] == "<":
+            if not s.startswith(OPEN, i):
+                return None if OPEN.startswith(s[i:]) and not final else False
+            end = s.find(CLOSE, i)
+            if end < 0:
+                if not final:
+                    return None
+                # cut short (max_tokens): a whole call inside still counts; else all text
+                j = len(s) - len(s[i + len(OPEN):].lstrip())
+                close = _object_end(s, j) if s.startswith("{", j) else None
+                call = self._call(s[j:close]) if close is not None else None
+                return (close, call) if close is not None and call is not None else (len(s), None)
+            end += len(CLOSE)
+            return end, self._call(s[i + len(OPEN): end - len(CLOSE)])
+        head = _bare_head(s, i)
+        if head is None:
+            return None if not final else False
+        if head is False:
+            return False
+        fenced, brace = head
+        close = _object_end(s, brace)
+        if close is None:
+            return None if not final else False
+        call = self._call(s[brace:close])
+        if call is None:  # an object, but no call: text, up to its end
+            return close, None
+        end = close
+        if fenced:  # the fence closes after the object (it may not come)
+            rest = s[close:]
+            body = rest.lstrip()
+            if body.startswith(FENCE):
+                end = close + len(rest) - len(body) + len(FENCE)
+            elif not final and FENCE.startswith(body):
+                return None
+        return end, call
 
-    def _call(self, body: str) -> tuple[ToolCallDelta, ...] | None:
+    def _call(self, body: str) -> _Call | None:
+        """The function named and its arguments, if `body` is a call of a listed one."""
         try:
             obj = json.loads(body)
         except ValueError:
@@ -170,10 +225,80 @@ class ToolCallParser:
                 return None
         if not isinstance(args, dict):
             return None
+        return obj["name"], args
+
+    def _deltas(self, name: str, args: dict[str, Any]) -> tuple[ToolCallDelta, ...]:
         index, self.calls = self.calls, self.calls + 1
         # as OpenAI streams a call: id, type and name first, then the arguments
-        return (ToolCallDelta(index, new_id("call"), "function", obj["name"], ""),
+        return (ToolCallDelta(index, new_id("call"), "function", name, ""),
                 ToolCallDelta(index, arguments=json.dumps(args, ensure_ascii=False)))
+
+
+_Call = tuple[str, dict[str, Any]]  # a function's name and its arguments
+FENCE = "```"
+_FENCES = ("```json\n", "```xml\n", "```\n")
+_NAME = '"name"'
+
+
+def _next_start(s: str, i: int) -> int:
+    """The first index from `i` where a call may begin ('<', '{' or '`'), or -1."""
+    found = [at for at in (s.find("<", i), s.find("{", i), s.find("`", i)) if at >= 0]
+    return min(found) if found else -1
+
+
+def _bare_head(s: str, i: int) -> tuple[bool, int] | Literal[False] | None:
+    """Whether a bare call begins at `s[i]`: an optional fence, then `{` and `"name"`
+    (whitespace between). (fenced, index of the `{`) once that much is there; None
+    while more text could decide; False if not."""
+    k = i
+    fenced = s[i] == "`"
+    if fenced:
+        for fence in _FENCES:
+            if s.startswith(fence, i):
+                k = i + len(fence)
+                break
+            if fence.startswith(s[i:]):
+                return None
+        else:
+            return False
+    while k < len(s) and s[k].isspace():
+        k += 1
+    if k == len(s):
+        return None
+    if s[k] != "{":
+        return False
+    brace = k
+    k += 1
+    while k < len(s) and s[k].isspace():
+        k += 1
+    tail = s[k: k + len(_NAME)]
+    if not _NAME.startswith(tail):
+        return False
+    return (fenced, brace) if len(tail) == len(_NAME) else None
+
+
+def _object_end(s: str, brace: int) -> int | None:
+    """The index after the JSON object that opens at `s[brace]`, or None if it is not
+    closed yet (strings and escapes are skipped; validity is json.loads's to say)."""
+    depth, in_string, escaped = 0, False, False
+    for k in range(brace, len(s)):
+        ch = s[k]
+        if in_string:
+            if escaped:
+                escaped = False
+            elif ch == "\\":
+                escaped = True
+            elif ch == '"':
+                in_string = False
+        elif ch == '"':
+            in_string = True
+        elif ch in "{[":
+            depth += 1
+        elif ch in "}]":
+            depth -= 1
+            if depth == 0:
+                return k + 1
+    return None
 
 
 def _partial(text: str, marker: str) -> int:
