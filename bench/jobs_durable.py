@@ -22,6 +22,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from redline.api.job_body import JobShapes, decode_body  # noqa: E402
 from redline.backends.fake import FakeBackend  # noqa: E402
 from redline.config import load_config  # noqa: E402
 from redline.jobs.service import JobService  # noqa: E402
@@ -43,8 +44,7 @@ async def submits(data: Path, n: int, durable: bool) -> list[float]:
     root = load_config(server={"data_dir": str(data)}, jobs={"durable": durable})
     router = Router({"fake": FakeBackend()}, "fake", root.routing, metrics)
     pipeline = Pipeline(router, metrics)
-    svc = JobService(cfg, data, None, pipeline, metrics.jobs,
-                     lambda u, b: None)  # type: ignore[arg-type,return-value]
+    svc = JobService(cfg, data, None, pipeline, metrics.jobs, decode_body, JobShapes(root))
     spec = JobSpec.of("chat", GenerationRequest(model="fake", sampling=SamplingParams(max_tokens=8),
                                                 messages=(Message("user", "report"),)))
     for _ in range(20):  # warm-up

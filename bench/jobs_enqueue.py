@@ -26,6 +26,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 from jobs_support import redis_server, start_upstream, upstream_config  # noqa: E402
 
+from redline.api.job_body import JobShapes, decode_body  # noqa: E402
 from redline.backends.fake import FakeBackend  # noqa: E402
 from redline.config import RoutingConfig, load_config  # noqa: E402
 from redline.jobs.service import JobService  # noqa: E402
@@ -50,7 +51,8 @@ async def in_process(data: Path, n: int, store_url: str | None) -> tuple[list[fl
     cfg = load_config(server={"data_dir": str(data)}).jobs
     metrics = Metrics()
     pipeline = Pipeline(Router({"fake": FakeBackend()}, "fake", RoutingConfig(), metrics), metrics)
-    svc = JobService(cfg, data, store_url, pipeline, metrics.jobs, lambda u, b: None)  # type: ignore[arg-type,return-value]
+    svc = JobService(cfg, data, store_url, pipeline, metrics.jobs, decode_body,
+                     JobShapes(load_config()))
     spec = JobSpec.of("chat", GenerationRequest(model="fake", sampling=SamplingParams(max_tokens=8),
                                                 messages=(Message("user", "report"),)))
     submit, bare = [], []

@@ -1,12 +1,14 @@
 """The whole chat surface through a remote OpenAI-compatible backend, seen by the official
 `openai` client: for each feature (tools, logprobs, n, image parts, response formats,
 usage details), what the client gets through redline equals what it gets from the
-upstream directly (same objects, streamed and not); an agent loop; pass-through of the
-fields redline does not model; resume in the middle of a tool call; bad input."""
+upstream directly (same objects, streamed and not), in batch lines and background jobs
+too; an agent loop; pass-through of the fields redline does not model; resume in the
+middle of a tool call; bad input."""
 
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -14,6 +16,7 @@ import gateway_support
 import httpx
 import openai
 import pytest
+from openai.types.chat import ChatCompletion
 
 from redline.backends.fake_upstream import Dist, UpstreamSpec
 
@@ -225,3 +228,52 @@ def test_bad_input_is_a_400_with_param(servers: Any, extra: dict[str, Any], para
         through.chat.completions.create(model="remote", messages=ASK, extra_body=extra)
     assert err.value.status_code == 400
     assert err.value.body["param"] == param  # type: ignore[index]
+
+
+def test_batch_lines_and_background_jobs_answer_what_the_endpoint_answers(servers: Any) -> None:
+    """Every feature above in a batch line and as a background job: the answer is the body
+    the endpoint gives the same request (the job keeps the body the client sent, unknown
+    fields included, and reads it again when it runs)."""
+    _, through, _, gw = servers
+    bodies = {f: {"model": "remote", "max_tokens": 4, **FEATURES[f]} for f in FEATURES}
+    bodies["passed_on"] = {**bodies["plain"], "frobnicate": {"x": 1}}  # for the upstream
+    lines = [{"custom_id": f, "method": "POST", "url": "/v1/chat/completions", "body": b}
+             for f, b in bodies.items()]
+    f = through.files.create(file=("in.jsonl", "\n".join(json.dumps(x) for x in lines).encode()),
+                             purpose="batch")
+    batch = through.batches.create(input_file_id=f.id, endpoint="/v1/chat/completions",
+                                   completion_window="24h")
+    jobs = {}
+    with httpx.Client(base_url=gw, timeout=30) as http:
+        for name in ("tools", "n", "json_schema"):
+            r = http.post("/v1/chat/completions", json={**bodies[name], "background": True})
+            assert r.status_code == 202, r.text
+            jobs[name] = r.json()["id"]
+        deadline = time.monotonic() + 60
+        while (batch := through.batches.retrieve(batch.id)).status not in ("completed", "failed"):
+            assert time.monotonic() < deadline, batch.status
+            time.sleep(0.05)
+        assert batch.status == "completed" and batch.error_file_id is None, batch
+        assert batch.output_file_id is not None
+        out = {}
+        for raw in through.files.content(batch.output_file_id).text.splitlines():
+            line = json.loads(raw)
+            assert line["response"]["status_code"] == 200, line
+            out[line["custom_id"]] = ChatCompletion.model_validate(line["response"]["body"])
+
+        def endpoint(body: dict[str, Any]) -> ChatCompletion:
+            r = http.post("/v1/chat/completions", json=body)
+            assert r.status_code == 200, r.text
+            return ChatCompletion.model_validate(r.json())
+
+        for name, body in bodies.items():
+            assert _strip(_whole(out[name])) == _strip(_whole(endpoint(body))), name
+        for name, job_id in jobs.items():
+            while (job := http.get(f"/v1/jobs/{job_id}").json())["status"] in ("queued", "running"):
+                assert time.monotonic() < deadline, job
+                time.sleep(0.05)
+            assert job["status"] == "succeeded", job
+            got = ChatCompletion.model_validate(job["result"])
+            assert _strip(_whole(got)) == _strip(_whole(endpoint(bodies[name]))), name
+    assert out["n"].choices[2].logprobs is not None
+    assert out["tools"].choices[0].message.tool_calls

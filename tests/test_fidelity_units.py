@@ -118,11 +118,13 @@ def test_capabilities_are_checked_against_the_configured_model() -> None:
     _router_check(remote, request)
 
 
-def test_jobs_refuse_what_they_cannot_carry() -> None:
-    JobSpec.of("chat", gen())
-    with pytest.raises(InvalidRequest) as err:
+def test_jobs_keep_the_body_of_what_the_typed_copy_cannot_carry() -> None:
+    assert JobSpec.of("chat", gen()).body is None
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "tools": [TOOL]}
+    assert JobSpec.of("chat", gen(tools=[TOOL]), body=body).body == body
+    with pytest.raises(InvalidRequest) as err:  # no body to keep: refused, never dropped
         JobSpec.of("chat", gen(tools=[TOOL]))
-    assert err.value.param == "background"
+    assert err.value.param == "body"
 
 
 def test_the_encoder_writes_fragments_logprobs_and_choices_as_openai_does() -> None:

@@ -3,6 +3,7 @@ uvicorn socket (in-process app on a FakeBackend)."""
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import time
@@ -15,8 +16,11 @@ import pytest
 from conftest import LiveApp
 
 from redline.api.app import create_app
+from redline.api.job_body import decode_body
 from redline.backends.fake import FakeBackend
 from redline.config import load_config
+from redline.errors import InvalidRequest
+from redline.jobs.spec import JobSpec
 
 
 @pytest.fixture
@@ -125,3 +129,21 @@ def test_cancel_keeps_partial_output(tmp_path: Path) -> None:
         assert done.status == "cancelled"  # type: ignore[attr-defined]
         out = client.files.content(done.output_file_id).text.splitlines()  # type: ignore[attr-defined]
         assert 2 <= len(out) < 40
+
+
+def test_a_job_keeps_the_body_of_a_request_beyond_plain_text() -> None:
+    """The typed copy holds text and sampling; anything more is kept as the body the
+    client sent (read again by the api when the job runs), and survives the queue's JSON."""
+    plain = decode_body("/v1/chat/completions", dict(chat_line("p", 3)["body"]))  # type: ignore[call-overload]
+    assert plain.body is None and plain.messages == [("user", "question p")]
+    body = {"model": "fake", "messages": [{"role": "user", "content": "hi"}], "n": 2,
+            "logprobs": True, "frobnicate": [1]}
+    spec = decode_body("/v1/chat/completions", body)
+    assert spec.body == body and spec.messages is None
+    assert JobSpec.from_dict(json.loads(json.dumps(spec.to_dict()))) == spec
+    with pytest.raises(ValueError):
+        spec.request()  # the api reads it: the typed copy would drop fields
+    req = plain.request()
+    two = dataclasses.replace(req, sampling=dataclasses.replace(req.sampling, n=2))
+    with pytest.raises(InvalidRequest):  # no body to keep (scheduled precompute): refused
+        JobSpec.of("chat", two)

@@ -50,7 +50,9 @@ async def accept(request: Request, body: ChatCompletionRequest | CompletionReque
     gen.tier = "B"  # the worker serves it with tier B's budget (no tier-S shortening)
     notify = body.notify.model_dump(exclude_none=True) if body.notify else {}
     endpoint: Endpoint = "chat" if kind == "chat" else "text"
-    job = await _jobs(request).submit(JobSpec.of(endpoint, gen, key_label(request.scope)),
+    # the body as sent (unknown fields too): read again when the job runs, if not plain
+    sent = body.model_dump(mode="json", exclude_unset=True)
+    job = await _jobs(request).submit(JobSpec.of(endpoint, gen, key_label(request.scope), sent),
                                       {k: v for k, v in notify.items()
                                        if k in ("webhook", "email")},
                                       idempotency_key(request))

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from redline.api.gate import GenerationGate, JobGate
-from redline.api.job_body import decode_body
+from redline.api.job_body import JobShapes, decode_body
 from redline.api.keyring import ManagedKeys
 from redline.api.limits import TenantLimiter, storage_url
 from redline.api.responses_background import Background
@@ -177,7 +177,7 @@ def build(config: RedlineConfig, backends: Mapping[str, Backend] | None = None,
     job_gate = JobGate(limiter, gate, keys, config.auth.keys)  # jobs are charged to their key
     background = Background(pipeline, streams, store, config.responses.ttl_s, job_gate)
     jobs = JobService(config.jobs, Path(config.server.data_dir), config.store.url,
-                      pipeline, metrics.jobs, decode_body, job_gate,
+                      pipeline, metrics.jobs, decode_body, JobShapes(config), job_gate,
                       respond=background.run)  # background responses (/v1/responses)
     return Services(config, metrics, store, pipeline, streams, limiter, longtail, live, jobs,
                     experiments, keys, usage, gate)

@@ -16,7 +16,7 @@ from redline.errors import RedlineError
 from redline.jobs.files import FileStore
 from redline.jobs.model import Job, Status
 from redline.jobs.records import RecordStore
-from redline.jobs.runner import Gate, run_request
+from redline.jobs.runner import Gate, Shapes, run_request
 from redline.jobs.spec import JobSpec
 from redline.pipeline import Pipeline
 
@@ -100,9 +100,11 @@ def _line_id(batch_id: str, i: int) -> str:
 
 class BatchRunner:
     def __init__(self, pipeline: Pipeline, files: FileStore, records: RecordStore,
-                 decode: Decode, concurrency: int, gate: Gate | None = None) -> None:
+                 decode: Decode, shapes: Shapes, concurrency: int,
+                 gate: Gate | None = None) -> None:
         self.pipeline, self.files, self.records = pipeline, files, records
         self.decode, self.concurrency, self.gate = decode, concurrency, gate
+        self.shapes = shapes
 
     def _key(self, batch_id: str, i: int) -> str:
         return f"bline:{batch_id}:{i}"
@@ -151,7 +153,7 @@ class BatchRunner:
                 spec = self.decode(line.url, line.body)
                 # the batch's tenant, and the key that made it (charged for each line)
                 spec = JobSpec(**{**spec.to_dict(), "tenant": tenant, "key": key})
-                body = await run_request(self.pipeline, spec, self.gate)
+                body = await run_request(self.pipeline, spec, self.shapes, self.gate)
                 return out | {"response": {"status_code": 200, "request_id": body["id"],
                                            "body": body}, "error": None}
             except RedlineError as exc:

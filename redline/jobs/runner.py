@@ -1,5 +1,7 @@
 """Runs one request the way a live request runs: `Pipeline.complete`, then the chunks
-to the end (cache, routing and engine all apply)."""
+to the end (cache, routing and engine all apply). The answer is shaped, and a request
+kept as its body (tools, response_format, logprobs, n, ...: jobs/spec.py) is read, by the
+api's `Shapes` (api/job_body.py): the body the endpoint itself gives."""
 
 from __future__ import annotations
 
@@ -9,10 +11,9 @@ from typing import Any, Protocol
 
 from redline.cache import CachedAnswer
 from redline.errors import BackendError
-from redline.jobs.shapes import response_body
 from redline.jobs.spec import JobSpec
 from redline.pipeline import Pipeline
-from redline.types import GenerationRequest, Usage
+from redline.types import Chunk, GenerationRequest, Usage
 
 
 class Gate(Protocol):
@@ -24,27 +25,37 @@ class Gate(Protocol):
                     key: str | None = None) -> None: ...
 
 
-async def run_request(pipeline: Pipeline, spec: JobSpec,
+class Shapes(Protocol):
+    """The api's reading of a request kept as its body, and of its answer."""
+
+    def request(self, spec: JobSpec) -> GenerationRequest:
+        """The request `spec.body` makes (raises InvalidRequest as the endpoint would)."""
+        ...
+
+    def body(self, spec: JobSpec, request: GenerationRequest, model: str,
+             chunks: list[Chunk], usage: Usage | None,
+             finish_reason: str | None) -> dict[str, Any]:
+        """The endpoint's whole (non-streamed) answer made of `chunks`."""
+        ...
+
+
+async def run_request(pipeline: Pipeline, spec: JobSpec, shapes: Shapes,
                       gate: Gate | None = None) -> dict[str, Any]:
     """The OpenAI response body for `spec`; raises RedlineError when it fails."""
-    request = spec.request()
+    request = spec.request() if spec.body is None else shapes.request(spec)
     if gate is not None:  # a background job or a batch line counts as its tenant's request
         await gate.enter(spec.tenant, request, spec.key)
     completion = await pipeline.complete(request)
-    text: list[str] = []
-    error: str | None = None
+    chunks: list[Chunk] = []
     async for chunk in completion.chunks:
         if chunk.finish_reason == "error":
-            error = chunk.error or "generation failed"
-            break
-        text.append(chunk.text)
-    if error is not None:
-        raise BackendError(error)
+            raise BackendError(chunk.error or "generation failed")
+        chunks.append(chunk)
     if spec.refresh_cache:
-        await _refresh(pipeline, spec, completion.model, "".join(text),
+        await _refresh(pipeline, spec, completion.model, "".join(c.text for c in chunks),
                        completion.finish_reason, completion.usage)
-    return response_body(spec.endpoint, request.id, completion.model, "".join(text),
-                         completion.finish_reason, completion.usage)
+    return shapes.body(spec, request, completion.model, chunks, completion.usage,
+                       completion.finish_reason)
 
 
 async def _refresh(pipeline: Pipeline, spec: JobSpec, model: str, text: str,

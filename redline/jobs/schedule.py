@@ -63,6 +63,10 @@ class Scheduler:
             except RedlineError as exc:
                 log.error("scheduled job %s: bad body: %s", entry.name, exc.message)
                 continue
+            if spec.body is not None:  # tools, logprobs, n...: answers the cache cannot hold
+                log.error("scheduled job %s: only a plain text request can be precomputed "
+                          "into the response cache", entry.name)
+                continue
             # a refresh: skip the cache lookup so the answer is new, and store it
             spec = JobSpec(**{**spec.to_dict(), "use_cache": False, "refresh_cache": True,
                               "tier": "B"})

@@ -31,7 +31,7 @@ from redline.jobs.model import STATUSES, Job, tenant_index
 from redline.jobs.notify import Notifier
 from redline.jobs.queue import JobQueue, open_huey
 from redline.jobs.records import open_records, shared_secret
-from redline.jobs.runner import Gate, run_request
+from redline.jobs.runner import Gate, Shapes, run_request
 from redline.jobs.schedule import Scheduler
 from redline.jobs.spec import JobSpec
 from redline.jobs.worker import Outcome, Run, Worker
@@ -50,11 +50,13 @@ def describe(job: Job) -> dict[str, Any]:
 
 class JobService:
     def __init__(self, cfg: JobsConfig, data_dir: Path, store_url: str | None,
-                 pipeline: Pipeline, gauge: Any, decode: Decode, gate: Gate | None = None,
-                 respond: Run | None = None) -> None:
+                 pipeline: Pipeline, gauge: Any, decode: Decode, shapes: Shapes,
+                 gate: Gate | None = None, respond: Run | None = None) -> None:
         """`gauge`: the `redline_jobs{status}` gauge (Metrics.jobs); `gate`: the tenants'
         rate limits, which every job and batch line counts against as it runs; `respond`:
-        runs a background response of the Responses API (a job of kind "response")."""
+        runs a background response of the Responses API (a job of kind "response");
+        `decode` and `shapes` are the api's reading of a request body and its answer
+        (api/job_body.py, jobs/runner.py)."""
         data_dir.mkdir(parents=True, exist_ok=True)
         self.cfg, self.pipeline, self.decode = cfg, pipeline, decode
         self.records = open_records(store_url, str(data_dir / "jobs.db"), cfg.durable,
@@ -66,8 +68,9 @@ class JobService:
         self.notifier = Notifier(cfg, self.book, describe)
         self.gate = gate
         self.respond = respond
+        self.shapes = shapes
         self.batches = BatchRunner(pipeline, self.files, self.records, decode,
-                                   cfg.batch_concurrency, gate)
+                                   shapes, cfg.batch_concurrency, gate)
         self.worker = Worker(cfg, self.book, self.queue, self.notifier, self._run,
                              ready=lambda: pipeline.ready)
         self.scheduler: Scheduler | None = None  # made at start: its secret is in the records
@@ -253,7 +256,8 @@ class JobService:
             return Outcome(status, meta=meta)
         if job.kind == "response" and self.respond is not None:
             return await self.respond(job, ctx)
-        result = await run_request(self.pipeline, JobSpec.from_dict(job.spec), self.gate)
+        result = await run_request(self.pipeline, JobSpec.from_dict(job.spec), self.shapes,
+                                   self.gate)
         return Outcome("succeeded", result=result)
 
     async def _gauges_forever(self) -> None:

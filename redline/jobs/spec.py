@@ -1,5 +1,8 @@
-"""The request a job carries across the queue: a typed, JSON-serialisable copy of a
-`GenerationRequest` plus which OpenAI endpoint shape its answer takes."""
+"""The request a job carries across the queue, plus which OpenAI endpoint shape its
+answer takes: a typed, JSON-serialisable copy of a plain `GenerationRequest` (text and
+sampling), or, for any other (tools, response_format, logprobs, n, images, fields passed
+on to a remote engine), the body the client sent, which the api reads again when the job
+runs (jobs/runner.py `Shapes`), so that the answer is the one the endpoint gives."""
 
 from __future__ import annotations
 
@@ -27,13 +30,21 @@ class JobSpec:
     user: str | None = None
     refresh_cache: bool = False  # scheduled precompute: skip the lookup, store the answer
     key: str | None = None  # the API key it was made with (its budget and usage); None: none
+    body: dict[str, Any] | None = None  # the client's body, for a request that is not plain
 
     @classmethod
-    def of(cls, endpoint: Endpoint, req: GenerationRequest, key: str | None = None) -> JobSpec:
-        if not req.is_plain():  # this copy holds text and sampling only: refuse, never drop
-            raise InvalidRequest("Background jobs and batches take plain text requests only "
-                                 "(no tools, response_format, logprobs, n, penalties or "
-                                 "passed-through fields yet).", param="background")
+    def of(cls, endpoint: Endpoint, req: GenerationRequest, key: str | None = None,
+           body: dict[str, Any] | None = None) -> JobSpec:
+        """`req` as a job; `body`, the request's JSON body, is kept (and read again when
+        the job runs) when `req` is more than text and sampling."""
+        if not req.is_plain():
+            if body is None:  # the typed copy holds text and sampling only: refuse, never drop
+                raise InvalidRequest("Scheduled jobs take plain text requests only (no tools, "
+                                     "response_format, logprobs, n, penalties or "
+                                     "passed-through fields).", param="body")
+            return cls(endpoint=endpoint, model=req.model, sampling={}, tier=req.tier,
+                       tenant=req.tenant, use_cache=req.use_cache, user=req.user, key=key,
+                       body=body)
         sampling = asdict(req.sampling)
         sampling["stop"] = list(req.sampling.stop)
         return cls(endpoint=endpoint, model=req.model, sampling=sampling,
@@ -43,7 +54,10 @@ class JobSpec:
                    use_cache=req.use_cache, user=req.user, key=key)
 
     def request(self) -> GenerationRequest:
-        """A fresh request (new id, arrival now), as if it had just come in."""
+        """A fresh request (new id, arrival now), as if it had just come in (a plain one:
+        a spec with a `body` is read by the api's `Shapes`)."""
+        if self.body is not None:
+            raise ValueError("this job's request is its body: the api reads it")
         sampling = dict(self.sampling)
         sampling["stop"] = tuple(sampling.get("stop") or ())
         return GenerationRequest(
