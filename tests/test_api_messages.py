@@ -49,6 +49,8 @@ def test_streaming(gateway: Any) -> None:
     assert texts == ["tok", " tok", " tok", " tok"]
     assert final.content[0].text == "tok tok tok tok"  # type: ignore[union-attr]
     assert final.stop_reason == "max_tokens" and final.usage.output_tokens == 4
+    # the prompt's tokens too (message_start goes out before they are counted)
+    assert final.usage.input_tokens > 0 and final.usage.cache_read_input_tokens == 1
 
 
 def test_a_tool_use_round_trip(gateway: Any) -> None:

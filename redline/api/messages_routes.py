@@ -89,8 +89,9 @@ async def _events(msg_id: str, model: str, c: Completion) -> AsyncIterator[bytes
     for piece in blocks.close():
         yield piece
     reason = last.finish_reason if last is not None else "stop"
-    usage = anthropic.usage_json(c.usage)
+    # the whole usage, as Anthropic's API sends it here (cumulative): message_start went
+    # out before the prompt was counted, and the SDK takes input_tokens from this event
     yield event("message_delta", {"delta": {"stop_reason": anthropic.STOP.get(reason or "stop"),
                                             "stop_sequence": None},
-                                  "usage": {"output_tokens": usage["output_tokens"]}})
+                                  "usage": anthropic.usage_json(c.usage)})
     yield event("message_stop", {})
