@@ -39,6 +39,11 @@ def test_text(gateway: Any) -> None:
     assert msg.content[0].text == "tok tok tok"  # type: ignore[union-attr]
     assert msg.stop_reason == "max_tokens"
     assert msg.usage.output_tokens == 3 and msg.usage.cache_read_input_tokens == 1
+    # `auto`: the message names the model that answered, as a chat completion does
+    raw = client.messages.with_raw_response.create(model="auto", max_tokens=3, messages=ASK)
+    assert raw.parse().model == raw.headers["x-redline-model"] != "auto"
+    with client.messages.stream(model="auto", max_tokens=3, messages=ASK) as stream:
+        assert stream.get_final_message().model in ("remote", "local")
 
 
 def test_streaming(gateway: Any) -> None:

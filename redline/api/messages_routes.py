@@ -54,13 +54,13 @@ async def messages(request: Request) -> Response:
     extra = {"X-Redline-Model": completion.model, "X-Redline-Tier": completion.tier,
              "X-Redline-Cache": completion.cache, "request-id": msg_id}
     if body.stream:
-        return StreamingResponse(_events(msg_id, body.model, completion),
+        return StreamingResponse(_events(msg_id, completion.model, completion),
                                  media_type="text/event-stream", headers=extra)
     got = [chunk async for chunk in completion.chunks]
     failed = next((c for c in got if c.finish_reason == "error"), None)
     if failed is not None:
         return _error(500, failed.error or "generation failed")
-    return Response(anthropic.whole(msg_id, body.model, assemble(got)[0], completion.usage),
+    return Response(anthropic.whole(msg_id, completion.model, assemble(got)[0], completion.usage),
                     media_type="application/json", headers=extra)
 
 
