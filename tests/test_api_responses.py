@@ -176,6 +176,9 @@ def test_store_false_keeps_nothing(gateway: Gateway) -> None:
     ({"notify": {"webhook": "https://example.com/hook"}}, "notify"),
     ({"background": True, "notify": {"sms": "+1"}}, "notify.sms"),
     ({"input": []}, "input"),
+    ({"include": ["reasoning.encrypted_content"]}, "include[0]"),
+    ({"include": ["message.output_text.logprobs", "nonsense"]}, "include[1]"),
+    ({"top_logprobs": 21}, "top_logprobs"),
     # the embedded engine constrains json_schema by grammar: a keyword it cannot enforce
     ({"model": "local", "text": {"format": {"type": "json_schema", "name": "x", "schema": {
         "type": "object", "patternProperties": {"^a": {"type": "string"}}}}}}, "text.format"),
@@ -210,3 +213,29 @@ def test_a_chain_past_the_context_is_a_400_with_truncation_disabled(gateway: Gat
     assert fitted.status == "incomplete" and fitted.truncation == "auto"
     assert fitted.usage is not None  # the first input went; its 2-word answer stayed
     assert fitted.usage.input_tokens == 2 + 1500
+
+
+def test_logprobs_by_include_whole_and_streamed(gateway: Gateway) -> None:
+    """`include: ["message.output_text.logprobs"]` with `top_logprobs`; an empty `include`
+    and `tools` (what OpenAI's Agents SDK sends on every call) change nothing."""
+    client, _, _, up = gateway
+    plain = client.responses.create(model="remote", input=ASK, max_output_tokens=3,
+                                    include=[], tools=[])
+    assert plain.output_text == "tok tok tok" and not plain.output[0].content[0].logprobs  # type: ignore[union-attr]
+    assert "logprobs" not in _sent(up)
+    kw: Any = {"model": "remote", "input": ASK, "max_output_tokens": 3, "top_logprobs": 2,
+               "include": ["message.output_text.logprobs"]}
+    r = client.responses.create(**kw)
+    sent = _sent(up)
+    assert sent["logprobs"] is True and sent["top_logprobs"] == 2
+    part = r.output[0].content[0]  # type: ignore[union-attr]
+    assert part.type == "output_text" and part.logprobs
+    assert "".join(lp.token for lp in part.logprobs) == part.text == "tok tok tok"
+    assert all(len(lp.top_logprobs) == 2 and lp.bytes == list(lp.token.encode())
+               for lp in part.logprobs)
+    assert r.top_logprobs == 2
+    events = list(client.responses.create(**kw, stream=True))
+    deltas = [lp.token for e in events if e.type == "response.output_text.delta"
+              for lp in e.logprobs]
+    done = next(e for e in events if e.type == "response.output_text.done")
+    assert deltas == [lp.token for lp in done.logprobs] == [lp.token for lp in part.logprobs]

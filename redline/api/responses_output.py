@@ -13,7 +13,7 @@ from typing import Any
 import orjson
 
 from redline.api.responses_request import ResponsesRequest
-from redline.types import Chunk, FinishReason, ToolCallDelta, Usage, new_id
+from redline.types import Chunk, FinishReason, TokenLogprob, ToolCallDelta, Usage, new_id
 
 DONE = b"data: [DONE]\n\n"  # ends the journal's copy (streams/journal.py); clients stop at it
 
@@ -48,7 +48,7 @@ def response_json(body: ResponsesRequest, response_id: str, created_at: int, mod
         "store": body.store, "temperature": 1.0 if body.temperature is None else body.temperature,
         "text": {"format": fmt}, "tool_choice": body.tool_choice or "auto",
         "tools": body.tools or [], "top_p": 1.0 if body.top_p is None else body.top_p,
-        "truncation": body.truncation or "disabled",
+        "truncation": body.truncation or "disabled", "top_logprobs": body.top_logprobs,
         "usage": None if status in ("queued", "in_progress") else usage_json(usage),
         "user": body.user, "metadata": body.metadata or {},
     }
@@ -122,10 +122,13 @@ class Output:
                     "id": _id("msg"), "type": "message", "status": "completed",
                     "role": "assistant", "content": [_empty_part("message")]}, redline)
             item = self.items[-1]
-            item["content"][0]["text"] += chunk.text
+            part = item["content"][0]
+            part["text"] += chunk.text
+            lps = [_logprob(t) for t in chunk.logprobs or ()]
+            part["logprobs"] += lps
             out.append(self.event("response.output_text.delta", {
                 "item_id": item["id"], "output_index": self._at, "content_index": 0,
-                "delta": chunk.text, "logprobs": []} | _rl(redline)))
+                "delta": chunk.text, "logprobs": lps} | _rl(redline)))
         for d in chunk.tool_calls:
             out += self._call(d, redline)
         return out
@@ -157,7 +160,7 @@ class Output:
             part = item["content"][0]
             out.append(self.event("response.output_text.done", {
                 "item_id": item["id"], "output_index": at, "content_index": 0,
-                "text": part["text"], "logprobs": []}))
+                "text": part["text"], "logprobs": part["logprobs"]}))
             out.append(self.event("response.content_part.done", {
                 "item_id": item["id"], "output_index": at, "content_index": 0, "part": part}))
         elif item["type"] == "reasoning":
@@ -173,6 +176,16 @@ class Output:
                 "arguments": item["arguments"]}))
         out.append(self.event("response.output_item.done", {"output_index": at, "item": item}))
         return out
+
+
+def _logprob(t: TokenLogprob) -> dict[str, Any]:
+    """A token's logprob as Responses writes it (its UTF-8 bytes always given)."""
+    def raw(token: str, given: tuple[int, ...] | None) -> list[int]:
+        return list(token.encode()) if given is None else list(given)
+
+    return {"token": t.token, "logprob": t.logprob, "bytes": raw(t.token, t.bytes),
+            "top_logprobs": [{"token": o.token, "logprob": o.logprob,
+                              "bytes": raw(o.token, o.bytes)} for o in t.top]}
 
 
 def _empty_part(kind: str) -> dict[str, Any]:

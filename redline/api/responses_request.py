@@ -53,10 +53,26 @@ class ResponsesRequest(BaseModel):
     metadata: dict[str, str] | None = Field(None, max_length=16)
     user: str | None = None
     truncation: Literal["disabled", "auto"] | None = None
+    include: list[str] | None = None
+    top_logprobs: int | None = Field(None, ge=0, le=20)
     # redline's extensions, as on chat completions
     tier: Literal["S", "A", "B", "auto"] | None = None
     cache: bool | None = None
     notify: dict[str, str] | None = None  # a background response's webhook / e-mail
+
+
+# `include` values: the logprobs of output text (served), and those that add to items of
+# tools redline does not serve or to input images kept as sent (nothing to add here)
+LOGPROBS = "message.output_text.logprobs"
+INCLUDABLE = frozenset({
+    LOGPROBS, "message.input_image.image_url", "file_search_call.results",
+    "web_search_call.results", "web_search_call.action.sources",
+    "code_interpreter_call.outputs", "computer_call_output.output.image_url"})
+
+
+def wants_logprobs(body: ResponsesRequest) -> bool:
+    """The output text's logprobs: asked for by `include`, or by `top_logprobs`."""
+    return LOGPROBS in (body.include or ()) or body.top_logprobs is not None
 
 
 def parse(raw: bytes) -> ResponsesRequest:
@@ -78,6 +94,14 @@ def parse(raw: bytes) -> ResponsesRequest:
         if unknown:
             raise InvalidRequest(f"Unknown parameter: 'notify.{unknown[0]}'.",
                                  param=f"notify.{unknown[0]}")
+    for i, what in enumerate(body.include or ()):
+        if what == "reasoning.encrypted_content":
+            raise InvalidRequest("redline keeps no encrypted reasoning to hand back: keep the "
+                                 "conversation with store=true and previous_response_id.",
+                                 param=f"include[{i}]")
+        if what not in INCLUDABLE:
+            raise InvalidRequest(f"Invalid value for 'include[{i}]': {what!r}.",
+                                 param=f"include[{i}]")
     if isinstance(body.input, list) and not body.input:
         raise InvalidRequest("input is empty.", param="input")
     if body.previous_response_id == "":
@@ -209,14 +233,17 @@ def generation(body: ResponsesRequest, items: list[dict[str, Any]], tier: str | 
                tenant: str, no_cache: bool) -> GenerationRequest:
     history = ([Message("system", body.instructions)] if body.instructions else []) + messages(items)
     tools = _tools(body.tools)
+    logprobs = wants_logprobs(body)
     return GenerationRequest(
         model=body.model, messages=tuple(history),
         sampling=SamplingParams(
             max_tokens=body.max_output_tokens or schemas.DEFAULT_MAX_TOKENS,
             temperature=1.0 if body.temperature is None else body.temperature,
-            top_p=1.0 if body.top_p is None else body.top_p),
+            top_p=1.0 if body.top_p is None else body.top_p,
+            logprobs=logprobs, top_logprobs=body.top_logprobs if logprobs else None),
         tier=parse_tier(tier),
-        tenant=tenant, use_cache=body.cache is not False and not no_cache and not tools,
+        tenant=tenant,
+        use_cache=body.cache is not False and not no_cache and not tools and not logprobs,
         user=body.user, tools=tools, tool_choice=_tool_choice(body.tool_choice, tools),
         parallel_tool_calls=body.parallel_tool_calls,
         response_format=_format(body.text.format if body.text else None),
