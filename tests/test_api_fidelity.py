@@ -277,3 +277,12 @@ def test_batch_lines_and_background_jobs_answer_what_the_endpoint_answers(server
             assert _strip(_whole(got)) == _strip(_whole(endpoint(bodies[name]))), name
     assert out["n"].choices[2].logprobs is not None
     assert out["tools"].choices[0].message.tool_calls
+
+
+def test_tokenize_goes_to_a_remote_model_s_engine(servers: Any) -> None:
+    """A remote model's /tokenize is its engine's (vLLM's, SGLang's); an engine without one
+    (this fake upstream, like OpenAI) is a 400 that says so, not a guess."""
+    _, _, _, gw = servers
+    r = httpx.post(f"{gw}/tokenize", json={"model": "remote", "prompt": "hello"})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "model"
+    assert "/tokenize" in r.json()["error"]["message"]

@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import jsonschema
 import openai
 import pytest
@@ -215,3 +216,44 @@ def test_parallel_tool_calls_decides_one_call_or_several(server: ServerProcess) 
         assert choice.finish_reason == "tool_calls" and len(choice.message.tool_calls or []) == 1
         assert not choice.message.content
         valid(choice.message.tool_calls)
+
+
+def test_tokenize_counts_what_the_model_is_sent(server: ServerProcess) -> None:
+    """/tokenize (vLLM's) answers the prompt tokens a request's usage then reports: a chat
+    with its tools rendered, a text prompt; /detokenize gives the text back."""
+    c = client(server)
+    chat: dict[str, Any] = {"model": SMOL, "messages": ask("What is the weather in Paris?"),
+                            "tools": [WEATHER]}
+    counted = httpx.post(f"{server.url}/tokenize", json=chat).json()
+    assert counted["max_model_len"] == 2048 and counted["count"] == len(counted["tokens"])
+    used = c.chat.completions.create(**chat, max_tokens=1, extra_body=NO_CACHE)
+    assert used.usage.prompt_tokens == counted["count"]
+    plain = httpx.post(f"{server.url}/tokenize", json={**chat, "tools": None}).json()
+    assert plain["count"] < counted["count"]  # the tools are part of the prompt
+    text = "Once upon a time, in a café"
+    done = c.completions.create(model=SMOL, prompt=text, max_tokens=1, extra_body=NO_CACHE)
+    with_bos = httpx.post(f"{server.url}/tokenize", json={"model": SMOL, "prompt": text}).json()
+    assert done.usage is not None and done.usage.prompt_tokens == with_bos["count"]
+    bare = httpx.post(f"{server.url}/tokenize", json={
+        "model": SMOL, "prompt": text, "add_special_tokens": False,
+        "return_token_strs": True}).json()
+    assert "".join(bare["token_strs"]) == text
+    back = httpx.post(f"{server.url}/detokenize", json={"model": SMOL, "tokens": bare["tokens"]})
+    assert back.json() == {"prompt": text}
+
+
+@pytest.mark.parametrize(("path", "body", "status", "param"), [
+    ("/tokenize", {"model": "auto", "prompt": "x"}, 400, "model"),
+    ("/tokenize", {"model": "nope", "prompt": "x"}, 404, "model"),
+    ("/tokenize", {"model": SMOL, "prompt": ["a", "b"]}, 400, "prompt"),
+    ("/tokenize", {"model": SMOL, "messages": ask("x"), "add_special_tokens": True}, 400,
+     "add_special_tokens"),
+    ("/tokenize", {"model": SMOL, "messages": []}, 400, "messages"),
+    ("/detokenize", {"model": SMOL, "tokens": [1, 10**9]}, 400, "tokens[1]"),
+    ("/detokenize", {"model": SMOL, "tokens": "abc"}, 400, "tokens"),
+])
+def test_tokenize_errors(server: ServerProcess, path: str, body: dict[str, Any], status: int,
+                         param: str) -> None:
+    r = httpx.post(f"{server.url}{path}", json=body)
+    assert r.status_code == status, r.text
+    assert r.json()["error"]["param"] == param

@@ -39,6 +39,8 @@ OPEN_PATHS = ("/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc")
 # open unless `auth.protect_ops`: probes and scrapers often cannot send a key; the
 # dashboard page holds no data (its figures come from /v1/admin/stats, admin only)
 OPS_PATHS = ("/healthz", "/readyz", "/metrics", "/dashboard")
+# keyed as /v1/... is: vLLM's tokenizer routes (they name models a key may not use)
+KEYED_PATHS = ("/v1", "/tokenize", "/detokenize")
 
 
 class Auth:
@@ -55,7 +57,7 @@ class Auth:
             return False
         if path in OPS_PATHS:
             return self.protect_ops
-        return path.startswith("/v1/") or path == "/v1"
+        return path.startswith("/v1/") or path in KEYED_PATHS
 
     async def check(self, scope: Scope) -> RedlineError | None:
         """Put the caller's tenant and key in the scope's state, or the error to answer

@@ -121,6 +121,29 @@ class LocalBackend:
                 self._tokenized.popitem(last=False)
         return list(tokens)
 
+    def tokens_of(self, request: GenerationRequest, add_special: bool | None = None) -> list[int]:
+        """What /tokenize answers: the tokens of `request`'s prompt as this model takes it
+        (a chat's template, its tools rendered as the engine renders them); a text
+        prompt with or without the BOS token (`add_special`; default: with)."""
+        if self.model is None:
+            raise NotReady("the model is still loading", retry_after=1)
+        if request.messages is None and add_special is False:
+            return self.model.tokenize(request.prompt or "", add_special=False,
+                                       parse_special=False)
+        return self.prompt_tokens(request, prepare(request, self.model.n_vocab).messages)
+
+    def text_of(self, tokens: list[int]) -> tuple[str, list[str]]:
+        """What /detokenize answers: the text of `tokens`, and each token's own text."""
+        if self.model is None:
+            raise NotReady("the model is still loading", retry_after=1)
+        for i, t in enumerate(tokens):
+            if not 0 <= t < self.model.n_vocab:
+                raise InvalidRequest(f"tokens[{i}] is {t}, not in this model's vocabulary "
+                                     f"(0..{self.model.n_vocab - 1}).", param=f"tokens[{i}]")
+        pieces = [self.model.piece(t) for t in tokens]
+        return (b"".join(pieces).decode("utf-8", errors="replace"),
+                [p.decode("utf-8", errors="replace") for p in pieces])
+
     async def stream(self, request: GenerationRequest) -> AsyncIterator[Chunk]:
         if self.engine is None or self.model is None:
             raise NotReady("the model is still loading", retry_after=1)

@@ -1,0 +1,148 @@
+"""POST /tokenize and POST /detokenize, as vLLM's server has them (llama.cpp's server has
+its own of the same names): how many tokens a request's prompt is to a model, before
+sending it, so that a client can keep a prompt within the model's context and its budget.
+
+/tokenize takes a chat completion body (`messages`, and `tools`, which the embedded engine
+renders into the prompt) or a completion body (one `prompt` string), plus vLLM's
+`add_special_tokens` and `return_token_strs`; it answers vLLM's `{"count", "max_model_len",
+"tokens", "token_strs"}`. /detokenize takes `{"model", "tokens"}` and answers
+`{"prompt"}`. An embedded model answers here, from the tokenizer its engine uses; a
+remote model's body goes to its engine's own /tokenize (vLLM's, SGLang's), the model name
+mapped, and its answer comes back as it is. `auto` is a 400: the count depends on the
+model."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+import orjson
+from fastapi import APIRouter, Request
+from fastapi.responses import Response
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from redline.api.schemas import ChatCompletionRequest, CompletionRequest
+from redline.api.services import Services, services_of
+from redline.backends.local import LocalBackend
+from redline.backends.pool import replicas_of
+from redline.errors import BackendError, InvalidRequest, ModelNotFound
+from redline.routing.names import AUTO
+
+router = APIRouter()
+
+
+class DetokenizeRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    model: str = Field(..., min_length=1)
+    tokens: list[int]
+
+
+async def _body(request: Request) -> dict[str, Any]:
+    try:
+        body = orjson.loads(await request.body())
+    except orjson.JSONDecodeError as exc:
+        raise InvalidRequest("The body is not valid JSON.") from exc
+    if not isinstance(body, dict):
+        raise InvalidRequest("The body must be a JSON object.")
+    return body
+
+
+async def _model(services: Services, request: Request, body: dict[str, Any]) -> str:
+    name = body.get("model")
+    if not isinstance(name, str) or not name:
+        raise InvalidRequest("model is required.", param="model")
+    if name == AUTO:
+        raise InvalidRequest("Name a model: how many tokens a prompt is depends on the model.",
+                             param="model")
+    if name not in services.pipeline.model_names():
+        raise ModelNotFound(f"The model `{name}` does not exist.", param="model")
+    await services.gate.check_model(request.scope, name)  # a key's allowlist and budget
+    return name
+
+
+def _local(services: Services, name: str) -> LocalBackend | None:
+    leaf = replicas_of(services.pipeline.router.backends[name])[0]
+    return leaf if isinstance(leaf, LocalBackend) else None
+
+
+async def _forward(services: Services, name: str, path: str, body: dict[str, Any]) -> Response:
+    """A remote model's engine answers: its own /tokenize or /detokenize."""
+    model = next((m for m in services.config.models if m.name == name), None)
+    if model is None or model.backend != "openai" or not model.replica_urls():
+        raise InvalidRequest(f"The model `{name}` cannot count tokens here.", param="model")
+    base = model.replica_urls()[0].rstrip("/").removesuffix("/v1")
+    headers = {"Authorization": f"Bearer {model.api_key}"} if model.api_key else {}
+    sent = body | {"model": model.upstream_model or name}
+    try:
+        async with httpx.AsyncClient(timeout=model.read_timeout_s) as client:
+            r = await client.post(f"{base}{path}", json=sent, headers=headers)
+    except httpx.HTTPError as exc:
+        raise BackendError(f"{name}: upstream unreachable ({type(exc).__name__})") from exc
+    if r.status_code in (404, 405):
+        raise InvalidRequest(f"The engine behind `{name}` has no {path}.", param="model")
+    if r.status_code >= 500 or r.status_code in (401, 403):
+        raise BackendError(f"{name}: upstream answered {r.status_code}")
+    return Response(r.content, status_code=r.status_code, media_type="application/json")
+
+
+def _flag(body: dict[str, Any], key: str, default: bool) -> bool:
+    value = body.pop(key, default)
+    if not isinstance(value, bool):
+        raise InvalidRequest(f"{key} must be true or false.", param=key)
+    return value
+
+
+@router.post("/tokenize", response_model=None)
+async def tokenize(request: Request) -> Response:
+    services = services_of(request.app)
+    body = await _body(request)
+    name = await _model(services, request, body)
+    backend = _local(services, name)
+    if backend is None:
+        return await _forward(services, name, "/tokenize", body)
+    chat = "messages" in body
+    special = _flag(body, "add_special_tokens", not chat)
+    strs = _flag(body, "return_token_strs", False)
+    if not _flag(body, "add_generation_prompt", True) and chat:
+        raise InvalidRequest("The embedded engine's chat prompt always opens the assistant "
+                             "turn (add_generation_prompt: true).", param="add_generation_prompt")
+    if chat and special:
+        raise InvalidRequest("A chat template writes its own special tokens "
+                             "(add_special_tokens: false).", param="add_special_tokens")
+    try:
+        parsed = (ChatCompletionRequest if chat else CompletionRequest).model_validate(body)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        raise InvalidRequest(f"Invalid value for '{where}': {first['msg']}.", param=where) from exc
+    gen = parsed.to_generation(None, "anonymous")
+    if gen.prompts:
+        raise InvalidRequest("/tokenize takes one prompt.", param="prompt")
+    tokens = backend.tokens_of(gen, special)
+    out: dict[str, Any] = {"count": len(tokens), "max_model_len": backend.cfg.n_ctx,
+                           "tokens": tokens, "token_strs": None}
+    if strs:
+        out["token_strs"] = backend.text_of(tokens)[1]
+    return Response(orjson.dumps(out), media_type="application/json")
+
+
+@router.post("/detokenize", response_model=None)
+async def detokenize(request: Request) -> Response:
+    services = services_of(request.app)
+    body = await _body(request)
+    name = await _model(services, request, body)
+    backend = _local(services, name)
+    if backend is None:
+        return await _forward(services, name, "/detokenize", body)
+    try:
+        parsed = DetokenizeRequest.model_validate(body)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        raise InvalidRequest(f"Invalid value for '{where}': {first['msg']}.", param=where) from exc
+    text, _ = backend.text_of(parsed.tokens)
+    return Response(orjson.dumps({"prompt": text}), media_type="application/json")
+
+
+__all__ = ["router"]
