@@ -257,3 +257,19 @@ def test_tokenize_errors(server: ServerProcess, path: str, body: dict[str, Any],
     r = httpx.post(f"{server.url}{path}", json=body)
     assert r.status_code == status, r.text
     assert r.json()["error"]["param"] == param
+
+
+def test_openai_hints_are_taken_by_the_embedded_engine(server: ServerProcess) -> None:
+    """prompt_cache_key (a session: one engine replica) and safety_identifier (the end
+    user), which agent clients send on every call, were a 400 on the embedded engine."""
+    c = client(server)
+    hints = {"prompt_cache_key": "conv-1", "safety_identifier": "user-1", **NO_CACHE}
+    r = c.chat.completions.create(model=SMOL, messages=ask("Hi"), max_tokens=2, extra_body=hints)
+    assert r.choices[0].message.content
+    with pytest.raises(openai.BadRequestError) as err:  # other fields stay refused
+        c.chat.completions.create(model=SMOL, messages=ask("Hi"), max_tokens=2,
+                                  extra_body={"prompt_cache_key": "k", "frobnicate": 1})
+    assert err.value.body["param"] == "frobnicate"  # type: ignore[index]
+    rr = c.responses.create(model=SMOL, input="Hi", max_output_tokens=2,
+                            prompt_cache_key="conv-1", safety_identifier="user-1")
+    assert rr.output_text

@@ -85,9 +85,10 @@ def test_a_session_header_keeps_a_conversation_on_one_replica(live_app: Any, tmp
                 break
             time.sleep(0.05)
 
-        def ask(text: str, **headers: str) -> httpx.Response:
+        def ask(text: str, body: dict[str, Any] | None = None, **headers: str) -> httpx.Response:
             return c.post("/v1/chat/completions", headers=headers, json={
-                "model": "remote", "max_tokens": 2, "messages": [{"role": "user", "content": text}]})
+                "model": "remote", "max_tokens": 2, "messages": [{"role": "user", "content": text}],
+                **(body or {})})
 
         for i in range(6):  # short, unrelated prompts: nothing to follow but the session
             assert ask(f"unrelated {i}", **{"X-Session-ID": "conv-1"}).status_code == 200
@@ -98,3 +99,12 @@ def test_a_session_header_keeps_a_conversation_on_one_replica(live_app: Any, tmp
         assert all(s["requests"] >= 2 for s in stats(urls))
         bad = ask("x", **{"X-Session-ID": "s" * 300})
         assert bad.status_code == 400 and bad.json()["error"]["param"] == "X-Session-ID"
+        # OpenAI's prompt_cache_key does the same, and the upstream still gets it as sent
+        before = [s["requests"] for s in stats(urls)]
+        for i in range(6):
+            assert ask(f"keyed {i}", {"prompt_cache_key": "conv-2"}).status_code == 200
+        grew = sorted(s["requests"] - b for s, b in zip(stats(urls), before, strict=True))
+        assert grew == [0, 0, 6]
+        assert any(httpx.get(f"{u}/last").json().get("prompt_cache_key") == "conv-2" for u in urls)
+        bad = ask("x", {"prompt_cache_key": 7})
+        assert bad.status_code == 400 and bad.json()["error"]["param"] == "prompt_cache_key"

@@ -14,6 +14,7 @@ have changed the model; two copies of that check had drifted apart in their answ
 
 from __future__ import annotations
 
+from redline.api.schemas import HINTS
 from redline.config import ModelConfig, RedlineConfig
 from redline.engine.grammar import schema_grammar
 from redline.engine.tools import grammar as tool_grammar
@@ -40,10 +41,10 @@ def check(config: RedlineConfig, request: GenerationRequest) -> None:
 def _local(model: ModelConfig, request: GenerationRequest) -> None:
     """What the embedded engine serves: a 400 here, before routing, for a field it does
     not model or a schema its grammar cannot enforce (the backend checks them again)."""
-    if request.extra:
-        param = next(iter(request.extra))
+    unknown = [k for k in request.extra if k not in HINTS]  # hints: honoured (schemas.py)
+    if unknown:
         raise InvalidRequest(f"The model `{model.name}` (the embedded engine) does not "
-                             f"serve '{param}'.", param=param)
+                             f"serve '{unknown[0]}'.", param=unknown[0])
     fmt = request.response_format
     if fmt is not None and fmt.type == "json_schema":
         schema_grammar(dict(fmt.schema or {}), "response_format")

@@ -55,6 +55,8 @@ class ResponsesRequest(BaseModel):
     truncation: Literal["disabled", "auto"] | None = None
     include: list[str] | None = None
     top_logprobs: int | None = Field(None, ge=0, le=20)
+    prompt_cache_key: str | None = Field(None, min_length=1, max_length=256)  # a session
+    safety_identifier: str | None = Field(None, min_length=1, max_length=256)  # the end user
     # redline's extensions, as on chat completions
     tier: Literal["S", "A", "B", "auto"] | None = None
     cache: bool | None = None
@@ -244,7 +246,9 @@ def generation(body: ResponsesRequest, items: list[dict[str, Any]], tier: str | 
         tier=parse_tier(tier),
         tenant=tenant,
         use_cache=body.cache is not False and not no_cache and not tools and not logprobs,
-        user=body.user, tools=tools, tool_choice=_tool_choice(body.tool_choice, tools),
+        user=body.user if body.user is not None else body.safety_identifier,
+        session=body.prompt_cache_key,  # one replica for its requests (X-Session-ID wins)
+        tools=tools, tool_choice=_tool_choice(body.tool_choice, tools),
         parallel_tool_calls=body.parallel_tool_calls,
         response_format=_format(body.text.format if body.text else None),
         max_tokens_field="max_completion_tokens")

@@ -9,6 +9,7 @@ never go upstream."""
 from __future__ import annotations
 
 import functools
+from collections.abc import Mapping
 from typing import Any, Literal
 
 import orjson
@@ -168,15 +169,35 @@ class _SamplingFields(_Open):
 
     def _request(self, tier: str | None, tenant: str, no_cache: bool, sampling: SamplingParams,
                  **fields: Any) -> GenerationRequest:
+        extra = self._extra()
+        # OpenAI's hints, kept in `extra` (a remote upstream gets them as sent) and honoured
+        # here: requests of one prompt_cache_key stay on one engine replica (as X-Session-ID,
+        # which wins), and safety_identifier names the end user where `user` does not
+        hints = {k: hint(extra, k) for k in HINTS}
         gen = GenerationRequest(
             model=self.model, sampling=sampling, tier=parse_tier(tier), tenant=tenant,
-            use_cache=self.cache is not False and not no_cache, user=self.user,
-            allow_background=self.allow_background, extra=self._extra(), **fields)
+            use_cache=self.cache is not False and not no_cache,
+            user=self.user if self.user is not None else hints["safety_identifier"],
+            session=hints["prompt_cache_key"],
+            allow_background=self.allow_background, extra=extra, **fields)
         # answers the cache cannot hold (several choices or prompts, logprobs, tool calls)
         # bypass it
         if gen.choices > 1 or "logprobs" in gen.needs() or "tools" in gen.needs():
             gen.use_cache = False
         return gen
+
+
+HINTS = ("prompt_cache_key", "safety_identifier")  # see `_request`; capabilities.py
+
+
+def hint(fields: Mapping[str, Any], name: str) -> str | None:
+    """One of OpenAI's string hints (`HINTS`), checked: 1 to 256 characters."""
+    value = fields.get(name)
+    if value is None:
+        return None
+    if not isinstance(value, str) or not 1 <= len(value) <= 256:
+        raise InvalidRequest(f"{name} must be a string of 1 to 256 characters.", param=name)
+    return value
 
 
 class ChatCompletionRequest(_SamplingFields):
