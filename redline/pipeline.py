@@ -250,9 +250,13 @@ class Pipeline:
             self._tell(completion, e2e)
 
     def _tell(self, c: Completion, total_s: float) -> None:
-        done = Finished(c.request, c.model, c.tier, c.cache, c.status, c.finish_reason,
-                        c.output_tokens, c.ttft_s, total_s, c.usage, "".join(c.text),
-                        MappingProxyType(dict(c.timings.seconds)), c.arm)
+        self.tell(Finished(c.request, c.model, c.tier, c.cache, c.status, c.finish_reason,
+                           c.output_tokens, c.ttft_s, total_s, c.usage, "".join(c.text),
+                           MappingProxyType(dict(c.timings.seconds)), c.arm))
+
+    def tell(self, done: Finished) -> None:
+        """Every observer hears of `done`: a completion's end, or a request that ran
+        outside the pipeline but counts as one (a batch's embeddings line)."""
         for observer in self.observers:
             try:
                 observer.on_finish(done)

@@ -230,6 +230,28 @@ def test_bad_input_is_a_400_with_param(servers: Any, extra: dict[str, Any], para
     assert err.value.body["param"] == param  # type: ignore[index]
 
 
+def _submit_batch(client: openai.OpenAI, url: str, bodies: dict[str, dict[str, Any]]) -> str:
+    """A batch of `bodies` (custom_id -> body) for `url`, created; its id."""
+    lines = [{"custom_id": cid, "method": "POST", "url": url, "body": b}
+             for cid, b in bodies.items()]
+    f = client.files.create(file=("in.jsonl", "\n".join(json.dumps(x) for x in lines).encode()),
+                            purpose="batch")
+    return client.batches.create(input_file_id=f.id, endpoint=url,  # type: ignore[arg-type]
+                                 completion_window="24h").id
+
+
+def _batch_output(client: openai.OpenAI, batch_id: str) -> dict[str, Any]:
+    """custom_id -> the response of each line, once the batch completed with no errors."""
+    deadline = time.monotonic() + 60
+    while (batch := client.batches.retrieve(batch_id)).status not in ("completed", "failed"):
+        assert time.monotonic() < deadline, batch.status
+        time.sleep(0.05)
+    assert batch.status == "completed" and batch.error_file_id is None, batch
+    assert batch.output_file_id is not None
+    lines = [json.loads(raw) for raw in client.files.content(batch.output_file_id).text.splitlines()]
+    return {line["custom_id"]: line["response"] for line in lines}
+
+
 def test_batch_lines_and_background_jobs_answer_what_the_endpoint_answers(servers: Any) -> None:
     """Every feature above in a batch line and as a background job: the answer is the body
     the endpoint gives the same request (the job keeps the body the client sent, unknown
@@ -237,29 +259,18 @@ def test_batch_lines_and_background_jobs_answer_what_the_endpoint_answers(server
     _, through, _, gw = servers
     bodies = {f: {"model": "remote", "max_tokens": 4, **FEATURES[f]} for f in FEATURES}
     bodies["passed_on"] = {**bodies["plain"], "frobnicate": {"x": 1}}  # for the upstream
-    lines = [{"custom_id": f, "method": "POST", "url": "/v1/chat/completions", "body": b}
-             for f, b in bodies.items()]
-    f = through.files.create(file=("in.jsonl", "\n".join(json.dumps(x) for x in lines).encode()),
-                             purpose="batch")
-    batch = through.batches.create(input_file_id=f.id, endpoint="/v1/chat/completions",
-                                   completion_window="24h")
+    batch_id = _submit_batch(through, "/v1/chat/completions", bodies)
     jobs = {}
     with httpx.Client(base_url=gw, timeout=30) as http:
         for name in ("tools", "n", "json_schema"):
             r = http.post("/v1/chat/completions", json={**bodies[name], "background": True})
             assert r.status_code == 202, r.text
             jobs[name] = r.json()["id"]
-        deadline = time.monotonic() + 60
-        while (batch := through.batches.retrieve(batch.id)).status not in ("completed", "failed"):
-            assert time.monotonic() < deadline, batch.status
-            time.sleep(0.05)
-        assert batch.status == "completed" and batch.error_file_id is None, batch
-        assert batch.output_file_id is not None
         out = {}
-        for raw in through.files.content(batch.output_file_id).text.splitlines():
-            line = json.loads(raw)
-            assert line["response"]["status_code"] == 200, line
-            out[line["custom_id"]] = ChatCompletion.model_validate(line["response"]["body"])
+        for cid, response in _batch_output(through, batch_id).items():
+            assert response["status_code"] == 200, response
+            out[cid] = ChatCompletion.model_validate(response["body"])
+        deadline = time.monotonic() + 60
 
         def endpoint(body: dict[str, Any]) -> ChatCompletion:
             r = http.post("/v1/chat/completions", json=body)
@@ -286,3 +297,19 @@ def test_tokenize_goes_to_a_remote_model_s_engine(servers: Any) -> None:
     r = httpx.post(f"{gw}/tokenize", json={"model": "remote", "prompt": "hello"})
     assert r.status_code == 400 and r.json()["error"]["param"] == "model"
     assert "/tokenize" in r.json()["error"]["message"]
+
+
+def test_an_embeddings_batch_answers_what_the_endpoint_answers(servers: Any) -> None:
+    """/v1/embeddings as a Batch API endpoint, for a remote model: each line's body is what
+    POST /v1/embeddings gives (the upstream's vectors, the model named as redline names it)."""
+    _, through, _, gw = servers
+    bodies: dict[str, dict[str, Any]] = {
+        "one": {"model": "remote", "input": "a red car"},
+        "two": {"model": "remote", "input": ["two", "inputs"]}}
+    out = _batch_output(through, _submit_batch(through, "/v1/embeddings", bodies))
+    for cid, body in bodies.items():
+        want = httpx.post(f"{gw}/v1/embeddings", json=body).json()
+        assert out[cid]["status_code"] == 200 and out[cid]["body"] == want
+        inputs = body["input"]
+        assert want["model"] == "remote"
+        assert len(want["data"]) == (len(inputs) if isinstance(inputs, list) else 1)

@@ -147,6 +147,47 @@ def test_batch_lines_are_charged_to_their_key_and_held_to_its_allowlist(
     assert c.post("/v1/chat/completions", json=chat(), headers=h(USER)).status_code == 200
 
 
+def test_embeddings_lines_are_charged_to_their_key_and_held_to_its_allowlist(
+        client: TestClient) -> None:
+    """A batch of /v1/embeddings lines (the bundled MiniLM): each line counts in its key's
+    usage and spends its budget as a completion does; a key barred from the model gets a
+    404 line."""
+    c = client
+    key, key_id = make_key(c, budget_tokens=5, budget_period_s=86400)
+    barred, _ = make_key(c, models=["fake"])
+    body = {"model": "all-minilm-l6-v2", "input": ["a red car", "the sky is blue today"]}
+    line = [{"custom_id": "e", "method": "POST", "url": "/v1/embeddings", "body": body}]
+    results = {}
+    for k in (key, barred):
+        made = c.post("/v1/batches", headers=h(k), json={
+            "input_file_id": upload(c, k, line), "endpoint": "/v1/embeddings",
+            "completion_window": "24h"})
+        assert made.status_code == 200, made.text
+        batch_id = made.json()["id"]
+        wait_until(lambda: c.get(f"/v1/batches/{batch_id}", headers=h(k)).json()["status"]  # noqa: B023
+                   in ("completed", "failed"), timeout=120)
+        results[k] = c.get(f"/v1/batches/{batch_id}", headers=h(k)).json()
+    done = results[key]
+    assert done["request_counts"] == {"total": 1, "completed": 1, "failed": 0}, done
+    out = json.loads(c.get(f"/v1/files/{done['output_file_id']}/content", headers=h(key)).text)
+    answer = out["response"]["body"]
+    assert out["custom_id"] == "e" and out["response"]["status_code"] == 200
+    assert [len(d["embedding"]) for d in answer["data"]] == [384, 384]
+    assert answer == c.post("/v1/embeddings", json=body, headers=h(USER)).json()
+    tokens = answer["usage"]["prompt_tokens"]
+    assert tokens > 5
+    row = usage_of(c, key_id)
+    assert row["requests"] == 1 and row["input_tokens"] == tokens and row["output_tokens"] == 0
+    # the line's tokens spent the key's budget of 5
+    wait_until(lambda: c.post("/v1/chat/completions", json=chat(),
+                              headers=h(key)).status_code == 429, timeout=10)
+    bad = results[barred]
+    assert bad["request_counts"] == {"total": 1, "completed": 0, "failed": 1}, bad
+    err = json.loads(c.get(f"/v1/files/{bad['error_file_id']}/content", headers=h(barred)).text)
+    assert err["response"]["status_code"] == 404
+    assert err["response"]["body"]["error"]["code"] == "model_not_found"
+
+
 def test_a_job_counts_against_its_keys_own_request_limit(client: TestClient) -> None:
     c = client
     key, _ = make_key(c, rpm=3)  # its own window, not its tenant's

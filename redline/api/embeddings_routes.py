@@ -1,166 +1,25 @@
-"""POST /v1/embeddings: the bundled all-MiniLM-L6-v2 (the semantic cache's embedder, one
-copy per process) as model `all-minilm-l6-v2`, and any remote OpenAI-compatible model
-passed through to its upstream (body and answer as they are, the model name mapped).
-
-Bounds as OpenAI's: at most 2048 inputs, none empty, each within the model's context
-(MiniLM: 256 word pieces, a 400 past it rather than a silent truncation); token arrays
-only for remote models (MiniLM's ids are not OpenAI's); `encoding_format` float or
-base64 (little-endian float32, as OpenAI's and its client's)."""
+"""POST /v1/embeddings (the models and bounds: api/embeddings.py)."""
 
 from __future__ import annotations
 
-import asyncio
-import base64
-from typing import Any, Literal
-
-import httpx
-import numpy as np
-import orjson
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
-from pydantic import BaseModel, ConfigDict, Field
 
+from redline.api.embeddings import LOCAL_MODEL, EmbeddingRequest, check_model, embed, local_available
 from redline.api.services import services_of
-from redline.cache.embedder import MiniLMEmbedder, bundled_minilm_path, load_minilm
-from redline.errors import BackendError, InvalidRequest, ModelNotFound
 
 router = APIRouter()
-
-LOCAL_MODEL = "all-minilm-l6-v2"
-MAX_INPUTS = 2048
-
-
-class EmbeddingRequest(BaseModel):
-    model_config = ConfigDict(extra="allow")  # passed to a remote upstream as it came
-
-    model: str = Field(..., min_length=1)
-    input: str | list[str] | list[int] | list[list[int]]
-    encoding_format: Literal["float", "base64"] = "float"
-    dimensions: int | None = Field(None, ge=1)
-    user: str | None = None
-
-
-def _texts(body: EmbeddingRequest) -> list[str]:
-    raw = body.input
-    if isinstance(raw, str):
-        raw = [raw]
-    if not raw:
-        raise InvalidRequest("'input' must not be empty.", param="input")
-    if len(raw) > MAX_INPUTS:
-        raise InvalidRequest(f"'input' holds {len(raw)} items; at most {MAX_INPUTS}.",
-                             param="input")
-    if not all(isinstance(t, str) for t in raw):
-        raise InvalidRequest(f"The model `{LOCAL_MODEL}` takes text, not token arrays.",
-                             param="input")
-    texts = [str(t) for t in raw]
-    if any(not t for t in texts):
-        raise InvalidRequest("'input' must not hold empty strings.", param="input")
-    return texts
-
-
-def _encode(vector: np.ndarray, fmt: str) -> Any:
-    if fmt == "base64":
-        return base64.b64encode(np.asarray(vector, dtype="<f4").tobytes()).decode()
-    return [float(x) for x in vector]
-
-
-async def _embedder(request: Request) -> MiniLMEmbedder:
-    """The semantic cache's copy when it has loaded one, else the same one loaded now
-    (load_minilm keeps one per directory and thread setting)."""
-    services = services_of(request.app)
-    cache = services.pipeline.cache
-    if cache is not None and isinstance(cache.embedder, MiniLMEmbedder):
-        return cache.embedder
-    config = services.config
-    threads = cache.embedder_threads if cache is not None else 1
-    return await asyncio.to_thread(load_minilm, config.cache.embedder_path, threads)
-
-
-async def _local(request: Request, body: EmbeddingRequest) -> tuple[Response, int]:
-    """The answer, and the tokens it embedded."""
-    unknown = next(iter(body.model_extra or {}), None)  # kept for a remote upstream only
-    if unknown is not None:
-        raise InvalidRequest(f"The model `{LOCAL_MODEL}` does not serve '{unknown}'.",
-                             param=unknown)
-    texts = _texts(body)
-    embedder = await _embedder(request)
-    if body.dimensions is not None and body.dimensions != embedder.dim:
-        raise InvalidRequest(f"The model `{LOCAL_MODEL}` has {embedder.dim} dimensions.",
-                             param="dimensions")
-    counts = await asyncio.to_thread(embedder.token_counts, texts)
-    limit = embedder.max_tokens
-    for i, n in enumerate(counts):
-        if n > limit:
-            raise InvalidRequest(f"This model's maximum context length is {limit} tokens, "
-                                 f"however input[{i}] has {n} tokens.", param="input",
-                                 code="context_length_exceeded")
-    vectors = await asyncio.to_thread(embedder.encode, texts)
-    total = sum(counts)
-    payload = {"object": "list",
-               "data": [{"object": "embedding", "index": i,
-                         "embedding": _encode(v, body.encoding_format)}
-                        for i, v in enumerate(vectors)],
-               "model": LOCAL_MODEL, "usage": {"prompt_tokens": total, "total_tokens": total}}
-    return Response(orjson.dumps(payload), media_type="application/json"), total
-
-
-async def _remote(request: Request, body: EmbeddingRequest, name: str) -> tuple[Response, int]:
-    """The upstream's answer, and the tokens its usage counts (0 for an error)."""
-    config = services_of(request.app).config
-    model = next(m for m in config.models if m.name == name)
-    sent = body.model_dump(exclude_none=True) | {"model": model.upstream_model or name}
-    headers = {"Authorization": f"Bearer {model.api_key}"} if model.api_key else {}
-    base = model.replica_urls()[0].rstrip("/")
-    url = f"{base}/embeddings" if base.endswith("/v1") else f"{base}/v1/embeddings"
-    try:
-        async with httpx.AsyncClient(timeout=model.read_timeout_s) as client:
-            r = await client.post(url, json=sent, headers=headers)
-    except httpx.HTTPError as exc:
-        raise BackendError(f"{name}: upstream unreachable ({type(exc).__name__})") from exc
-    if r.status_code >= 500 or r.status_code in (401, 403, 404):  # ours to fix, not the user's
-        raise BackendError(f"{name}: upstream answered {r.status_code}")
-    if r.status_code >= 400:
-        return Response(r.content, status_code=r.status_code, media_type="application/json"), 0
-    payload = r.json()
-    if isinstance(payload, dict) and "model" in payload:
-        payload["model"] = name
-    return Response(orjson.dumps(payload), media_type="application/json"), _usage_tokens(payload)
-
-
-def local_available(embedder_path: str | None) -> bool:
-    """Whether the local embedder can load: a configured directory, or the bundled package
-    installed (/v1/models lists it then)."""
-    if embedder_path:
-        return True
-    try:
-        bundled_minilm_path()
-    except FileNotFoundError:
-        return False
-    return True
-
-
-def _usage_tokens(payload: Any) -> int:
-    """The tokens an upstream's answer says it used (0 where it says nothing usable)."""
-    try:
-        usage = payload.get("usage") or {}
-        return int(usage.get("total_tokens") or usage.get("prompt_tokens") or 0)
-    except (AttributeError, TypeError, ValueError):
-        return 0
 
 
 @router.post("/v1/embeddings", response_model=None)
 async def embeddings(body: EmbeddingRequest, request: Request) -> Response:
     services = services_of(request.app)
-    config = services.config
-    local = body.model == LOCAL_MODEL
-    if not local and not any(m.name == body.model and m.backend == "openai"
-                             for m in config.models):
-        raise ModelNotFound(f"The model `{body.model}` does not exist or serves no embeddings "
-                            f"(embedding models: {LOCAL_MODEL} and the remote ones).",
-                            param="model")
+    check_model(services.config, body.model)
     # held to the key as a completion is: its model allowlist, and its token budget
     await services.gate.check_model(request.scope, body.model)
-    response, tokens = await (_local(request, body) if local
-                              else _remote(request, body, body.model))
+    status, content, tokens = await embed(services.config, services.pipeline.cache, body)
     services.gate.charge(request.scope, tokens)
-    return response
+    return Response(content, status_code=status, media_type="application/json")
+
+
+__all__ = ["LOCAL_MODEL", "local_available", "router"]

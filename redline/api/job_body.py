@@ -5,6 +5,8 @@ exactly as the live endpoint does without importing the api."""
 
 from __future__ import annotations
 
+import time
+from types import MappingProxyType
 from typing import Any
 
 import orjson
@@ -13,13 +15,16 @@ from pydantic import ValidationError
 
 from redline.api import capabilities
 from redline.api.chunks import ChunkEncoder
+from redline.api.embeddings import EmbeddingRequest, check_model, embed
 from redline.api.errors import validation_error
 from redline.api.schemas import ChatCompletionRequest, CompletionRequest
 from redline.api.unicode import check_text
 from redline.config import RedlineConfig
-from redline.errors import InvalidRequest
+from redline.errors import InvalidRequest, RedlineError
+from redline.jobs.runner import Gate
 from redline.jobs.spec import ENDPOINTS, Endpoint, JobSpec
-from redline.types import Chunk, GenerationRequest, Usage, assemble
+from redline.pipeline import Pipeline
+from redline.types import Chunk, Finished, GenerationRequest, SamplingParams, Usage, assemble
 
 
 def _parsed(endpoint: Endpoint, body: dict[str, Any]) -> ChatCompletionRequest | CompletionRequest:
@@ -38,8 +43,19 @@ def decode_body(url: str, body: dict[str, Any]) -> JobSpec:
     if endpoint is None:
         raise InvalidRequest(f"Unsupported url {url!r}; use one of {sorted(ENDPOINTS)}.",
                              param="url")
+    if endpoint == "embeddings":
+        line = _embedding(body)
+        return JobSpec(endpoint=endpoint, model=line.model, sampling={}, body=body)
     parsed = _parsed(endpoint, body)
     return JobSpec.of(endpoint, parsed.to_generation(parsed.tier, "anonymous"), body=body)
+
+
+def _embedding(body: dict[str, Any]) -> EmbeddingRequest:
+    check_text(body)
+    try:
+        return EmbeddingRequest.model_validate(body)
+    except ValidationError as exc:
+        raise validation_error(RequestValidationError(exc.errors())) from exc
 
 
 class JobShapes:
@@ -48,8 +64,10 @@ class JobShapes:
     the endpoint checks it), with the job's tier, tenant and cache choice; its answer is
     the endpoint's whole answer (choices, tool calls, logprobs)."""
 
-    def __init__(self, config: RedlineConfig) -> None:
-        self.config = config
+    def __init__(self, config: RedlineConfig, pipeline: Pipeline | None = None) -> None:
+        """`pipeline`: its cache's embedder, and its observers, which hear of each
+        embeddings line as of a completion (rate limits, key budgets, usage)."""
+        self.config, self.pipeline = config, pipeline
 
     def request(self, spec: JobSpec) -> GenerationRequest:
         assert spec.body is not None
@@ -61,10 +79,46 @@ class JobShapes:
     def body(self, spec: JobSpec, request: GenerationRequest, model: str,
              chunks: list[Chunk], usage: Usage | None,
              finish_reason: str | None) -> dict[str, Any]:
+        assert spec.endpoint != "embeddings"  # run by `embed`
         encoder = ChunkEncoder(spec.endpoint, request.id, model)
         answer: dict[str, Any] = orjson.loads(encoder.full(
             assemble(chunks, request.choices), usage, finish_reason or "stop"))
         return answer
+
+    async def embed(self, spec: JobSpec, gate: Gate | None) -> dict[str, Any]:
+        assert spec.body is not None
+        body = _embedding(spec.body)
+        check_model(self.config, body.model)
+        # what the tenant's limits and the key see: a request of this model, its input
+        # as the prompt (their estimate of its tokens), nothing to generate
+        text = " ".join(str(x) for x in ([body.input] if isinstance(body.input, str)
+                                         else body.input))
+        line = GenerationRequest(model=body.model, prompt=text,
+                                 sampling=SamplingParams(max_tokens=1), tier="B",
+                                 tenant=spec.tenant, use_cache=False, user=body.user)
+        if gate is not None:
+            await gate.enter(spec.tenant, line, spec.key)
+        t0 = time.perf_counter()
+        status, tokens = "500", 0
+        try:
+            code, content, tokens = await embed(
+                self.config, None if self.pipeline is None else self.pipeline.cache, body)
+            status = str(code)
+            answer: dict[str, Any] = orjson.loads(content)
+            if code >= 400:  # the upstream's 4xx, as the route passes it on
+                error = answer.get("error") if isinstance(answer, dict) else None
+                message = error.get("message") if isinstance(error, dict) else None
+                raise InvalidRequest(str(message or f"the upstream answered {code}"))
+            return answer
+        except RedlineError as exc:
+            status = str(exc.status)
+            raise
+        finally:  # settles its reservation, charges its key, counts its usage
+            if self.pipeline is not None:
+                total = time.perf_counter() - t0
+                self.pipeline.tell(Finished(
+                    line, body.model, "B", "bypass", status, "stop", 0, None, total,
+                    Usage(tokens, 0), "", MappingProxyType({"total": total})))
 
 
 __all__ = ["JobShapes", "decode_body"]

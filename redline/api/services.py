@@ -177,7 +177,7 @@ def build(config: RedlineConfig, backends: Mapping[str, Backend] | None = None,
     job_gate = JobGate(limiter, gate, keys, config.auth.keys)  # jobs are charged to their key
     background = Background(pipeline, streams, store, config.responses.ttl_s, job_gate)
     jobs = JobService(config.jobs, Path(config.server.data_dir), config.store.url,
-                      pipeline, metrics.jobs, decode_body, JobShapes(config), job_gate,
+                      pipeline, metrics.jobs, decode_body, JobShapes(config, pipeline), job_gate,
                       respond=background.run)  # background responses (/v1/responses)
     return Services(config, metrics, store, pipeline, streams, limiter, longtail, live, jobs,
                     experiments, keys, usage, gate)

@@ -154,7 +154,7 @@ class BatchRunner:
                 # the batch's tenant, and the key that made it (charged for each line)
                 spec = JobSpec(**{**spec.to_dict(), "tenant": tenant, "key": key})
                 body = await run_request(self.pipeline, spec, self.shapes, self.gate)
-                return out | {"response": {"status_code": 200, "request_id": body["id"],
+                return out | {"response": {"status_code": 200, "request_id": body.get("id"),
                                            "body": body}, "error": None}
             except RedlineError as exc:
                 if exc.status < 500 or attempt == LINE_TRIES - 1:

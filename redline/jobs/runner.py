@@ -38,10 +38,17 @@ class Shapes(Protocol):
         """The endpoint's whole (non-streamed) answer made of `chunks`."""
         ...
 
+    async def embed(self, spec: JobSpec, gate: Gate | None) -> dict[str, Any]:
+        """An embeddings line's answer, held to its tenant's limits and key as a
+        completion is (`gate`), and told to the pipeline's observers as one."""
+        ...
+
 
 async def run_request(pipeline: Pipeline, spec: JobSpec, shapes: Shapes,
                       gate: Gate | None = None) -> dict[str, Any]:
     """The OpenAI response body for `spec`; raises RedlineError when it fails."""
+    if spec.endpoint == "embeddings":  # not a generation: the api runs it whole
+        return await shapes.embed(spec, gate)
     request = spec.request() if spec.body is None else shapes.request(spec)
     if gate is not None:  # a background job or a batch line counts as its tenant's request
         await gate.enter(spec.tenant, request, spec.key)

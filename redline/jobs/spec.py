@@ -13,8 +13,9 @@ from redline.errors import InvalidRequest
 from redline.routing.names import parse_tier
 from redline.types import GenerationRequest, Message, SamplingParams
 
-Endpoint = Literal["chat", "text"]
-ENDPOINTS: dict[str, Endpoint] = {"/v1/chat/completions": "chat", "/v1/completions": "text"}
+Endpoint = Literal["chat", "text", "embeddings"]
+ENDPOINTS: dict[str, Endpoint] = {"/v1/chat/completions": "chat", "/v1/completions": "text",
+                                  "/v1/embeddings": "embeddings"}  # embeddings: batches only
 
 
 @dataclass(frozen=True)
