@@ -6,17 +6,19 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from redline.errors import InvalidRequest, NotFound, RedlineError, RequestTimeout
 
 log = logging.getLogger(__name__)
+
+M = TypeVar("M", bound=BaseModel)
 
 
 def error_response(exc: RedlineError) -> JSONResponse:
@@ -39,6 +41,15 @@ def invalid_body(exc: ValidationError) -> InvalidRequest:
     have reported it (its locations start at "body")."""
     errors = [{**e, "loc": ("body", *e["loc"])} for e in exc.errors()]
     return validation_error(RequestValidationError(errors))
+
+
+def validated(schema: type[M], data: Any) -> M:
+    """`data` (a decoded body, a batch line's body) as `schema`, or the 400 the body
+    reader gives a body that does not validate."""
+    try:
+        return schema.model_validate(data)
+    except ValidationError as exc:
+        raise invalid_body(exc) from exc
 
 
 def _param(loc: Sequence[Any]) -> str | None:

@@ -10,13 +10,11 @@ from types import MappingProxyType
 from typing import Any
 
 import orjson
-from fastapi.exceptions import RequestValidationError
-from pydantic import ValidationError
 
 from redline.api import capabilities
 from redline.api.chunks import ChunkEncoder
 from redline.api.embeddings import EmbeddingRequest, check_model, embed
-from redline.api.errors import validation_error
+from redline.api.errors import validated
 from redline.api.schemas import ChatCompletionRequest, CompletionRequest
 from redline.api.unicode import check_text
 from redline.config import RedlineConfig
@@ -28,12 +26,10 @@ from redline.types import Chunk, Finished, GenerationRequest, SamplingParams, Us
 
 
 def _parsed(endpoint: Endpoint, body: dict[str, Any]) -> ChatCompletionRequest | CompletionRequest:
-    schema = ChatCompletionRequest if endpoint == "chat" else CompletionRequest
     check_text(body)
-    try:
-        return schema.model_validate(body)
-    except ValidationError as exc:
-        raise validation_error(RequestValidationError(exc.errors())) from exc
+    if endpoint == "chat":
+        return validated(ChatCompletionRequest, body)
+    return validated(CompletionRequest, body)
 
 
 def decode_body(url: str, body: dict[str, Any]) -> JobSpec:
@@ -52,10 +48,7 @@ def decode_body(url: str, body: dict[str, Any]) -> JobSpec:
 
 def _embedding(body: dict[str, Any]) -> EmbeddingRequest:
     check_text(body)
-    try:
-        return EmbeddingRequest.model_validate(body)
-    except ValidationError as exc:
-        raise validation_error(RequestValidationError(exc.errors())) from exc
+    return validated(EmbeddingRequest, body)
 
 
 class JobShapes:

@@ -19,8 +19,9 @@ import httpx
 import orjson
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
+from redline.api.errors import validated
 from redline.api.schemas import ChatCompletionRequest, CompletionRequest
 from redline.api.services import Services, services_of
 from redline.backends.local import LocalBackend
@@ -110,12 +111,8 @@ async def tokenize(request: Request) -> Response:
     if chat and special:
         raise InvalidRequest("A chat template writes its own special tokens "
                              "(add_special_tokens: false).", param="add_special_tokens")
-    try:
-        parsed = (ChatCompletionRequest if chat else CompletionRequest).model_validate(body)
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first["loc"])
-        raise InvalidRequest(f"Invalid value for '{where}': {first['msg']}.", param=where) from exc
+    parsed: ChatCompletionRequest | CompletionRequest = (
+        validated(ChatCompletionRequest, body) if chat else validated(CompletionRequest, body))
     gen = parsed.to_generation(None, "anonymous")
     if gen.prompts:
         raise InvalidRequest("/tokenize takes one prompt.", param="prompt")
@@ -135,12 +132,7 @@ async def detokenize(request: Request) -> Response:
     backend = _local(services, name)
     if backend is None:
         return await _forward(services, name, "/detokenize", body)
-    try:
-        parsed = DetokenizeRequest.model_validate(body)
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first["loc"])
-        raise InvalidRequest(f"Invalid value for '{where}': {first['msg']}.", param=where) from exc
+    parsed = validated(DetokenizeRequest, body)
     text, _ = backend.text_of(parsed.tokens)
     return Response(orjson.dumps({"prompt": text}), media_type="application/json")
 
