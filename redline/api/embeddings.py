@@ -14,11 +14,11 @@ import asyncio
 import base64
 from typing import Any, Literal
 
-import httpx
 import numpy as np
 import orjson
 from pydantic import BaseModel, ConfigDict, Field
 
+from redline.api import upstream
 from redline.cache import ResponseCache
 from redline.cache.embedder import MiniLMEmbedder, bundled_minilm_path, load_minilm
 from redline.config import RedlineConfig
@@ -105,15 +105,7 @@ async def _remote(config: RedlineConfig, body: EmbeddingRequest,
     """The upstream's answer (status, body), and the tokens its usage counts (0 for an
     error)."""
     model = next(m for m in config.models if m.name == name)
-    sent = body.model_dump(exclude_none=True) | {"model": model.upstream_model or name}
-    headers = {"Authorization": f"Bearer {model.api_key}"} if model.api_key else {}
-    base = model.replica_urls()[0].rstrip("/")
-    url = f"{base}/embeddings" if base.endswith("/v1") else f"{base}/v1/embeddings"
-    try:
-        async with httpx.AsyncClient(timeout=model.read_timeout_s) as client:
-            r = await client.post(url, json=sent, headers=headers)
-    except httpx.HTTPError as exc:
-        raise BackendError(f"{name}: upstream unreachable ({type(exc).__name__})") from exc
+    r = await upstream.post(model, "/v1/embeddings", body.model_dump(exclude_none=True))
     if r.status_code >= 500 or r.status_code in (401, 403, 404):  # ours to fix, not the user's
         raise BackendError(f"{name}: upstream answered {r.status_code}")
     if r.status_code >= 400:

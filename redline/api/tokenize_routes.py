@@ -15,12 +15,12 @@ from __future__ import annotations
 
 from typing import Any
 
-import httpx
 import orjson
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict, Field
 
+from redline.api import upstream
 from redline.api.errors import validated
 from redline.api.schemas import ChatCompletionRequest, CompletionRequest
 from redline.api.services import Services, services_of
@@ -72,14 +72,7 @@ async def _forward(services: Services, name: str, path: str, body: dict[str, Any
     model = next((m for m in services.config.models if m.name == name), None)
     if model is None or model.backend != "openai" or not model.replica_urls():
         raise InvalidRequest(f"The model `{name}` cannot count tokens here.", param="model")
-    base = model.replica_urls()[0].rstrip("/").removesuffix("/v1")
-    headers = {"Authorization": f"Bearer {model.api_key}"} if model.api_key else {}
-    sent = body | {"model": model.upstream_model or name}
-    try:
-        async with httpx.AsyncClient(timeout=model.read_timeout_s) as client:
-            r = await client.post(f"{base}{path}", json=sent, headers=headers)
-    except httpx.HTTPError as exc:
-        raise BackendError(f"{name}: upstream unreachable ({type(exc).__name__})") from exc
+    r = await upstream.post(model, path, body)
     if r.status_code in (404, 405):
         raise InvalidRequest(f"The engine behind `{name}` has no {path}.", param="model")
     if r.status_code >= 500 or r.status_code in (401, 403):
