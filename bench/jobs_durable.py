@@ -44,7 +44,7 @@ async def submits(data: Path, n: int, durable: bool) -> list[float]:
     root = load_config(server={"data_dir": str(data)}, jobs={"durable": durable})
     router = Router({"fake": FakeBackend()}, "fake", root.routing, metrics)
     pipeline = Pipeline(router, metrics)
-    svc = JobService(cfg, data, None, pipeline, metrics.jobs, decode_body, JobShapes(root))
+    svc = JobService(cfg, data, None, pipeline, metrics.jobs, decode_body, JobShapes(root, pipeline))
     spec = JobSpec.of("chat", GenerationRequest(model="fake", sampling=SamplingParams(max_tokens=8),
                                                 messages=(Message("user", "report"),)))
     for _ in range(20):  # warm-up

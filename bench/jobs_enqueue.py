@@ -52,7 +52,7 @@ async def in_process(data: Path, n: int, store_url: str | None) -> tuple[list[fl
     metrics = Metrics()
     pipeline = Pipeline(Router({"fake": FakeBackend()}, "fake", RoutingConfig(), metrics), metrics)
     svc = JobService(cfg, data, store_url, pipeline, metrics.jobs, decode_body,
-                     JobShapes(load_config()))
+                     JobShapes(load_config(), pipeline))
     spec = JobSpec.of("chat", GenerationRequest(model="fake", sampling=SamplingParams(max_tokens=8),
                                                 messages=(Message("user", "report"),)))
     submit, bare = [], []

@@ -188,6 +188,24 @@ def test_embeddings_lines_are_charged_to_their_key_and_held_to_its_allowlist(
     assert err["response"]["body"]["error"]["code"] == "model_not_found"
 
 
+def test_live_embeddings_count_in_usage_and_the_keys_request_limit(client: TestClient) -> None:
+    """POST /v1/embeddings is one of the key's requests as a completion is: its row in
+    the usage report (its input tokens, no output), and its own request limit."""
+    c = client
+    key, key_id = make_key(c, rpm=2)
+    body = {"model": "all-minilm-l6-v2", "input": "where is my parcel"}
+    answers = [c.post("/v1/embeddings", json=body, headers=h(key)) for _ in range(3)]
+    assert [r.status_code for r in answers] == [200, 200, 429], answers[-1].text
+    assert answers[2].json()["error"]["code"] == "rate_limit_exceeded"
+    tokens = answers[0].json()["usage"]["prompt_tokens"]
+    assert tokens > 0
+    wait_until(lambda: usage_of(c, key_id).get("requests") == 2, timeout=10)
+    row = usage_of(c, key_id)
+    assert row["input_tokens"] == 2 * tokens and row["output_tokens"] == 0, row
+    # another key of the same tenant has its own window
+    assert c.post("/v1/embeddings", json=body, headers=h(USER)).status_code == 200
+
+
 def test_a_job_counts_against_its_keys_own_request_limit(client: TestClient) -> None:
     c = client
     key, _ = make_key(c, rpm=3)  # its own window, not its tenant's

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import time
+from types import MappingProxyType
 from typing import Any, Literal
 
 import numpy as np
@@ -22,7 +24,9 @@ from redline.api import upstream
 from redline.cache import ResponseCache
 from redline.cache.embedder import MiniLMEmbedder, bundled_minilm_path, load_minilm
 from redline.config import RedlineConfig
-from redline.errors import BackendError, InvalidRequest, ModelNotFound
+from redline.errors import BackendError, InvalidRequest, ModelNotFound, RedlineError
+from redline.pipeline import Pipeline
+from redline.types import Finished, GenerationRequest, SamplingParams, Tier, Usage
 
 LOCAL_MODEL = "all-minilm-l6-v2"
 MAX_INPUTS = 2048
@@ -133,6 +137,35 @@ async def embed(config: RedlineConfig, cache: ResponseCache | None,
     if body.model == LOCAL_MODEL:
         return await _local(config, cache, body)
     return await _remote(config, body, body.model)
+
+
+def as_request(body: EmbeddingRequest, tenant: str, tier: Tier) -> GenerationRequest:
+    """What a tenant's rate limits, a key's budget and the pipeline's observers see of
+    an embeddings request: a request of its model whose prompt is its input (their
+    estimate of its tokens), with nothing to generate."""
+    text = " ".join(str(x) for x in ([body.input] if isinstance(body.input, str) else body.input))
+    return GenerationRequest(model=body.model, prompt=text, sampling=SamplingParams(max_tokens=1),
+                             tier=tier, tenant=tenant, use_cache=False, user=body.user)
+
+
+async def embed_told(config: RedlineConfig, pipeline: Pipeline, body: EmbeddingRequest,
+                     line: GenerationRequest) -> tuple[int, bytes]:
+    """`embed`, its end told to the pipeline's observers as a completion's end is (the
+    gate settles `line`'s reservation and slot, its key's budget is charged, its usage
+    counted): a live request's and a batch line's answer (status, body)."""
+    t0 = time.perf_counter()
+    status, tokens = "500", 0
+    try:
+        code, content, tokens = await embed(config, pipeline.cache, body)
+        status = str(code)
+        return code, content
+    except RedlineError as exc:
+        status = str(exc.status)
+        raise
+    finally:
+        total = time.perf_counter() - t0
+        pipeline.tell(Finished(line, body.model, line.tier or "A", "bypass", status, "stop", 0, None,
+                               total, Usage(tokens, 0), "", MappingProxyType({"total": total})))
 
 
 def local_available(embedder_path: str | None) -> bool:

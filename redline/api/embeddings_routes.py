@@ -5,8 +5,16 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
-from redline.api.embeddings import LOCAL_MODEL, EmbeddingRequest, check_model, embed, local_available
+from redline.api.embeddings import (
+    LOCAL_MODEL,
+    EmbeddingRequest,
+    as_request,
+    check_model,
+    embed_told,
+    local_available,
+)
 from redline.api.services import services_of
+from redline.api.tenant import tenant_from
 
 router = APIRouter()
 
@@ -15,10 +23,12 @@ router = APIRouter()
 async def embeddings(body: EmbeddingRequest, request: Request) -> Response:
     services = services_of(request.app)
     check_model(services.config, body.model)
-    # held to the key as a completion is: its model allowlist, and its token budget
-    await services.gate.check_model(request.scope, body.model)
-    status, content, tokens = await embed(services.config, services.pipeline.cache, body)
-    services.gate.charge(request.scope, tokens)
+    tenant = tenant_from(request.scope, request.headers.get("authorization", ""))
+    line = as_request(body, tenant, "A")
+    # held to the key and the tenant as a completion is: the key's model allowlist and
+    # budget, the concurrent requests and the tokens of the tenant's window
+    await services.gate.enter(request.scope, line)
+    status, content = await embed_told(services.config, services.pipeline, body, line)
     return Response(content, status_code=status, media_type="application/json")
 
 

@@ -1,7 +1,8 @@
 """The way into a generation, per request and per key: what a key may do before it runs.
 
 `GenerationGate.enter(scope, gen)` is called once by every generating route (chat and
-text completions, messages, responses) once the body is read, in this order:
+text completions, messages, responses; embeddings, as a request that generates nothing)
+once the body is read, in this order:
 
     model allowlist (404, as for a model that does not exist)
     → token budget of the period (429 insufficient_quota)
@@ -67,14 +68,6 @@ class GenerationGate:
         """A request that generates nothing (embeddings) but names a model: the key's
         allowlist and budget, as for a completion."""
         await self._check_key(scope.get("state", {}).get("api_key"), key_label(scope), model)
-
-    def charge(self, scope: Scope, tokens: int) -> None:
-        """Charge `tokens` a request used outside a generation (embeddings) to its key's
-        budget, if the key has one."""
-        key: ApiKey | None = scope.get("state", {}).get("api_key")
-        if key is None or key.budget_tokens is None or tokens <= 0:
-            return
-        self._charge_later(budget_key(key_label(scope), key.budget_period_s, time.time()), tokens)
 
     async def check_budget(self, scope: Scope) -> None:
         """The key's budget only (a batch: its lines' models are checked as they run)."""

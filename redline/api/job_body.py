@@ -5,24 +5,22 @@ exactly as the live endpoint does without importing the api."""
 
 from __future__ import annotations
 
-import time
-from types import MappingProxyType
 from typing import Any
 
 import orjson
 
 from redline.api import capabilities
 from redline.api.chunks import ChunkEncoder
-from redline.api.embeddings import EmbeddingRequest, check_model, embed
+from redline.api.embeddings import EmbeddingRequest, as_request, check_model, embed_told
 from redline.api.errors import validated
 from redline.api.schemas import ChatCompletionRequest, CompletionRequest
 from redline.api.unicode import check_text
 from redline.config import RedlineConfig
-from redline.errors import InvalidRequest, RedlineError
+from redline.errors import InvalidRequest
 from redline.jobs.runner import Gate
 from redline.jobs.spec import ENDPOINTS, Endpoint, JobSpec
 from redline.pipeline import Pipeline
-from redline.types import Chunk, Finished, GenerationRequest, SamplingParams, Usage, assemble
+from redline.types import Chunk, GenerationRequest, Usage, assemble
 
 
 def _parsed(endpoint: Endpoint, body: dict[str, Any]) -> ChatCompletionRequest | CompletionRequest:
@@ -57,7 +55,7 @@ class JobShapes:
     the endpoint checks it), with the job's tier, tenant and cache choice; its answer is
     the endpoint's whole answer (choices, tool calls, logprobs)."""
 
-    def __init__(self, config: RedlineConfig, pipeline: Pipeline | None = None) -> None:
+    def __init__(self, config: RedlineConfig, pipeline: Pipeline) -> None:
         """`pipeline`: its cache's embedder, and its observers, which hear of each
         embeddings line as of a completion (rate limits, key budgets, usage)."""
         self.config, self.pipeline = config, pipeline
@@ -82,36 +80,16 @@ class JobShapes:
         assert spec.body is not None
         body = _embedding(spec.body)
         check_model(self.config, body.model)
-        # what the tenant's limits and the key see: a request of this model, its input
-        # as the prompt (their estimate of its tokens), nothing to generate
-        text = " ".join(str(x) for x in ([body.input] if isinstance(body.input, str)
-                                         else body.input))
-        line = GenerationRequest(model=body.model, prompt=text,
-                                 sampling=SamplingParams(max_tokens=1), tier="B",
-                                 tenant=spec.tenant, use_cache=False, user=body.user)
+        line = as_request(body, spec.tenant, "B")
         if gate is not None:
             await gate.enter(spec.tenant, line, spec.key)
-        t0 = time.perf_counter()
-        status, tokens = "500", 0
-        try:
-            code, content, tokens = await embed(
-                self.config, None if self.pipeline is None else self.pipeline.cache, body)
-            status = str(code)
-            answer: dict[str, Any] = orjson.loads(content)
-            if code >= 400:  # the upstream's 4xx, as the route passes it on
-                error = answer.get("error") if isinstance(answer, dict) else None
-                message = error.get("message") if isinstance(error, dict) else None
-                raise InvalidRequest(str(message or f"the upstream answered {code}"))
-            return answer
-        except RedlineError as exc:
-            status = str(exc.status)
-            raise
-        finally:  # settles its reservation, charges its key, counts its usage
-            if self.pipeline is not None:
-                total = time.perf_counter() - t0
-                self.pipeline.tell(Finished(
-                    line, body.model, "B", "bypass", status, "stop", 0, None, total,
-                    Usage(tokens, 0), "", MappingProxyType({"total": total})))
+        code, content = await embed_told(self.config, self.pipeline, body, line)
+        answer: dict[str, Any] = orjson.loads(content)
+        if code >= 400:  # the upstream's 4xx, as the route passes it on
+            error = answer.get("error") if isinstance(answer, dict) else None
+            message = error.get("message") if isinstance(error, dict) else None
+            raise InvalidRequest(str(message or f"the upstream answered {code}"))
+        return answer
 
 
 __all__ = ["JobShapes", "decode_body"]
