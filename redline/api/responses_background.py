@@ -20,7 +20,7 @@ from typing import Any
 from redline.api import responses_request as rq
 from redline.api import responses_truncation as truncation
 from redline.api.responses_output import DONE, Output
-from redline.api.responses_run import FINAL, Run
+from redline.api.responses_run import FINAL, OPEN, Run
 from redline.errors import NotFound, Overloaded, RedlineError
 from redline.jobs.batch import RunContext
 from redline.jobs.model import Job, Status
@@ -32,7 +32,6 @@ from redline.responses import ResponseRecord, ResponseRecords
 from redline.store.base import Store
 from redline.streams import StreamManager
 
-OPEN = ("queued", "in_progress")
 _JOB: dict[str, Status] = {"completed": "succeeded", "incomplete": "succeeded", "failed": "failed",
         "cancelled": "cancelled"}
 WAIT_MIN_S, WAIT_MAX_S = 0.005, 0.1  # polling for a queued response's stream to begin

@@ -27,16 +27,13 @@ from redline.api import responses_request as rq
 from redline.api import responses_truncation as truncation
 from redline.api.keyring import key_label
 from redline.api.responses_output import response_json
-from redline.api.responses_run import Run
+from redline.api.responses_run import OPEN, Run, context_of, fields_named, not_found
 from redline.api.services import services_of
 from redline.api.tenant import tenant_of
 from redline.errors import InvalidRequest, NotFound
 from redline.responses import ResponseRecord, ResponseRecords
 
 router = APIRouter()
-
-# chat's field names in capability errors, as the Responses API names them
-_PARAMS = {"messages": "input", "response_format": "text.format"}
 
 CANCEL_WAIT_S = 10.0  # a running background response's cancel: its worker sees it in ~1 s
 _SSE = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
@@ -47,17 +44,13 @@ def _records(request: Request) -> ResponseRecords:
     return ResponseRecords(services.store, services.config.responses.ttl_s)
 
 
-def _not_found(response_id: str, param: str | None = None) -> NotFound:
-    return NotFound(f"Response with id '{response_id}' not found.", param=param)
-
-
 async def _current(request: Request, response_id: str, tenant: str,
                    records: ResponseRecords) -> dict[str, Any] | None:
     """The Response as stored, or, for a background one, as its job knows it."""
     record = await records.get(response_id, tenant)
     response = None if record is None else record.response
     if response is not None and not (response.get("background")
-                                     and response.get("status") in bg.OPEN):
+                                     and response.get("status") in OPEN):
         return response
     jobs = services_of(request.app).jobs
     return bg.view(await jobs.get(response_id, tenant), response)
@@ -68,15 +61,7 @@ async def create(request: Request) -> Response:
     body = rq.parse(await request.body())
     tenant = tenant_of(request)
     records = _records(request)
-    context: list[dict[str, Any]] = []
-    if body.previous_response_id is not None:
-        previous = await records.get(body.previous_response_id, tenant)
-        if previous is None:
-            raise _not_found(body.previous_response_id, "previous_response_id")
-        if previous.response.get("status") in bg.OPEN:
-            raise InvalidRequest(f"Response '{previous.id}' is still in progress.",
-                                 param="previous_response_id")
-        context = previous.chain()
+    context = await context_of(records, body, tenant)
     items = rq.normalize(body.input)
     tier = request.headers.get("x-redline-tier") or body.tier
     if tier is not None and tier not in ("S", "A", "B", "auto"):
@@ -84,7 +69,7 @@ async def create(request: Request) -> Response:
     no_cache = "no-cache" in request.headers.get("cache-control", "").lower()
     gen = rq.generation(body, context + items, tier, tenant, no_cache)
     services = services_of(request.app)
-    try:
+    with fields_named():
         capabilities.check(services.config, gen)
         if body.background:  # the router's capability check now: the job decides later
             services.pipeline.router.check(gen)
@@ -94,9 +79,6 @@ async def create(request: Request) -> Response:
             completion = await truncation.complete(  # the router checks capabilities
                 services.pipeline, gen, body.truncation, context + items,
                 lambda chain: rq.generation(body, chain, tier, tenant, no_cache))
-    except InvalidRequest as exc:  # named as this API names the field
-        exc.param = _PARAMS.get(exc.param or "", exc.param)
-        raise
     if body.background:
         return await _background(request, body, gen.id.replace("req-", "resp_"), tenant,
                                  bg.spec({}, body, items, context, tier, no_cache,
@@ -124,11 +106,7 @@ async def create(request: Request) -> Response:
             raise
         live = streams.start(response_id, events, tenant=tenant, first=first)
         return sse.EventStream(streams.follow(live), headers=headers, first_ready=bool(first))
-    async for chunk in completion.chunks:
-        run.output.add(chunk)
-        run.note(chunk.finish_reason, chunk.error)
-    run.output.close()
-    answer = await run.finish()
+    answer = await run.whole()
     return Response(orjson.dumps(answer), media_type="application/json", headers=headers)
 
 
@@ -168,13 +146,13 @@ async def retrieve(response_id: str, request: Request) -> Response:
             jobs = services_of(request.app).jobs
             if (record is None or not record.response.get("background")) and \
                     await jobs.get(response_id, tenant) is None:
-                raise _not_found(response_id) from None
+                raise not_found(response_id) from None
             # a background response not begun yet (queued) or whose journal is gone
             events = bg.follow(streams, jobs, records, response_id, tenant, int(after) + 1)
         return sse.EventStream(events, headers=_SSE)
     response = await _current(request, response_id, tenant, _records(request))
     if response is None:
-        raise _not_found(response_id)
+        raise not_found(response_id)
     return Response(orjson.dumps(response), media_type="application/json")
 
 
@@ -183,8 +161,8 @@ async def delete(response_id: str, request: Request) -> dict[str, Any]:
     records, tenant = _records(request), tenant_of(request)
     record = await records.get(response_id, tenant)
     if record is None:
-        raise _not_found(response_id)
-    if record.response.get("status") in bg.OPEN:  # its end would write it again
+        raise not_found(response_id)
+    if record.response.get("status") in OPEN:  # its end would write it again
         raise InvalidRequest(f"Response '{response_id}' is still in progress.",
                              param="response_id")
     await records.delete(response_id, tenant)
@@ -204,13 +182,13 @@ async def cancel(response_id: str, request: Request) -> Response:
     response = bg.view(job, None if (r := await records.get(response_id, tenant)) is None
                        else r.response)
     if response is None:
-        raise _not_found(response_id)
+        raise not_found(response_id)
     if job is None or job.kind != "response":
         raise InvalidRequest("Only responses created with background=true can be cancelled.",
                              param="response_id")
     if response["status"] == "cancelled":
         return _json(response)
-    if response["status"] not in bg.OPEN:
+    if response["status"] not in OPEN:
         raise InvalidRequest(f"Cannot cancel a response with status '{response['status']}'.",
                              param="response_id")
     job = await jobs.cancel(response_id, tenant)
@@ -243,7 +221,7 @@ async def input_items(response_id: str, request: Request) -> dict[str, Any]:
         raise InvalidRequest("order must be asc or desc.", param="order")
     record = await _records(request).get(response_id, tenant_of(request))
     if record is None:
-        raise _not_found(response_id)
+        raise not_found(response_id)
     items = list(record.input) if order == "asc" else list(reversed(record.input))
     if after is not None:
         at = next((i for i, item in enumerate(items) if item["id"] == after), None)

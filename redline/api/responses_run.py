@@ -5,19 +5,53 @@ jobs' worker runs a background one (api/responses_background.py), the same way."
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from redline.api import responses_request as rq
 from redline.api.responses_output import DONE, Output, outcome, response_json
 from redline.closing import aclose
+from redline.errors import InvalidRequest, NotFound
 from redline.pipeline import Completion
 from redline.responses import ResponseRecord, ResponseRecords
 from redline.streams import Progress
 from redline.types import FinishReason
 
+OPEN = ("queued", "in_progress")
+# chat's field names in capability errors, as the Responses API names them
+_PARAMS = {"messages": "input", "response_format": "text.format"}
 FINAL = {"completed": "response.completed", "incomplete": "response.incomplete",
          "failed": "response.failed", "cancelled": "response.failed"}
+
+
+def not_found(response_id: str, param: str | None = None) -> NotFound:
+    return NotFound(f"Response with id '{response_id}' not found.", param=param)
+
+
+async def context_of(records: ResponseRecords, body: rq.ResponsesRequest,
+                     tenant: str) -> list[dict[str, Any]]:
+    """The conversation that `previous_response_id` continues (its items and output), or
+    none: a 404 for a response that is not the tenant's, a 400 for one still running."""
+    if body.previous_response_id is None:
+        return []
+    previous = await records.get(body.previous_response_id, tenant)
+    if previous is None:
+        raise not_found(body.previous_response_id, "previous_response_id")
+    if previous.response.get("status") in OPEN:
+        raise InvalidRequest(f"Response '{previous.id}' is still in progress.",
+                             param="previous_response_id")
+    return previous.chain()
+
+
+@contextmanager
+def fields_named() -> Iterator[None]:
+    """An InvalidRequest inside names its field as this API does (input, text.format)."""
+    try:
+        yield
+    except InvalidRequest as exc:
+        exc.param = _PARAMS.get(exc.param or "", exc.param)
+        raise
 
 
 class Run:
@@ -63,6 +97,14 @@ class Run:
                                                   self.items, self.context))
         self.answer = answer
         return answer
+
+    async def whole(self) -> dict[str, Any]:
+        """The Response not streamed: the chunks to the end, then `finish`."""
+        async for chunk in self.completion.chunks:
+            self.output.add(chunk)
+            self.note(chunk.finish_reason, chunk.error)
+        self.output.close()
+        return await self.finish()
 
     async def events(self, progress: Progress | None) -> AsyncGenerator[bytes, None]:
         out, c = self.output, self.completion
