@@ -28,7 +28,9 @@ from redline.config import load_config  # noqa: E402
 from redline.jobs.service import JobService  # noqa: E402
 from redline.jobs.spec import JobSpec  # noqa: E402
 from redline.pipeline import Pipeline  # noqa: E402
+from redline.responses import ResponseRecords  # noqa: E402
 from redline.routing.router import Router  # noqa: E402
+from redline.store.memory import MemoryStore  # noqa: E402
 from redline.telemetry.metrics import Metrics  # noqa: E402
 from redline.types import GenerationRequest, Message, SamplingParams  # noqa: E402
 
@@ -44,7 +46,7 @@ async def submits(data: Path, n: int, durable: bool) -> list[float]:
     root = load_config(server={"data_dir": str(data)}, jobs={"durable": durable})
     router = Router({"fake": FakeBackend()}, "fake", root.routing, metrics)
     pipeline = Pipeline(router, metrics)
-    svc = JobService(cfg, data, None, pipeline, metrics.jobs, decode_body, JobShapes(root, pipeline))
+    svc = JobService(cfg, data, None, pipeline, metrics.jobs, decode_body, JobShapes(root, pipeline, ResponseRecords(MemoryStore(), 60)))
     spec = JobSpec.of("chat", GenerationRequest(model="fake", sampling=SamplingParams(max_tokens=8),
                                                 messages=(Message("user", "report"),)))
     for _ in range(20):  # warm-up

@@ -32,7 +32,9 @@ from redline.config import RoutingConfig, load_config  # noqa: E402
 from redline.jobs.service import JobService  # noqa: E402
 from redline.jobs.spec import JobSpec  # noqa: E402
 from redline.pipeline import Pipeline  # noqa: E402
+from redline.responses import ResponseRecords  # noqa: E402
 from redline.routing.router import Router  # noqa: E402
+from redline.store.memory import MemoryStore  # noqa: E402
 from redline.telemetry.metrics import Metrics  # noqa: E402
 from redline.types import GenerationRequest, Message, SamplingParams  # noqa: E402
 
@@ -52,7 +54,7 @@ async def in_process(data: Path, n: int, store_url: str | None) -> tuple[list[fl
     metrics = Metrics()
     pipeline = Pipeline(Router({"fake": FakeBackend()}, "fake", RoutingConfig(), metrics), metrics)
     svc = JobService(cfg, data, store_url, pipeline, metrics.jobs, decode_body,
-                     JobShapes(load_config(), pipeline))
+                     JobShapes(load_config(), pipeline, ResponseRecords(MemoryStore(), 60)))
     spec = JobSpec.of("chat", GenerationRequest(model="fake", sampling=SamplingParams(max_tokens=8),
                                                 messages=(Message("user", "report"),)))
     submit, bare = [], []

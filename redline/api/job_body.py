@@ -10,9 +10,12 @@ from typing import Any
 import orjson
 
 from redline.api import capabilities
+from redline.api import responses_request as rq
+from redline.api import responses_truncation as truncation
 from redline.api.chunks import ChunkEncoder
 from redline.api.embeddings import EmbeddingRequest, as_request, check_model, embed_told
 from redline.api.errors import validated
+from redline.api.responses_run import Run, context_of, fields_named
 from redline.api.schemas import ChatCompletionRequest, CompletionRequest
 from redline.api.unicode import check_text
 from redline.config import RedlineConfig
@@ -20,6 +23,7 @@ from redline.errors import InvalidRequest
 from redline.jobs.runner import Gate
 from redline.jobs.spec import ENDPOINTS, Endpoint, JobSpec
 from redline.pipeline import Pipeline
+from redline.responses import ResponseRecords
 from redline.types import Chunk, GenerationRequest, Usage, assemble
 
 
@@ -40,6 +44,10 @@ def decode_body(url: str, body: dict[str, Any]) -> JobSpec:
     if endpoint == "embeddings":
         line = _embedding(body)
         return JobSpec(endpoint=endpoint, model=line.model, sampling={}, body=body)
+    if endpoint == "responses":
+        asked = _response(body)
+        return JobSpec(endpoint=endpoint, model=asked.model, sampling={}, tier=asked.tier,
+                       body=body)
     parsed = _parsed(endpoint, body)
     return JobSpec.of(endpoint, parsed.to_generation(parsed.tier, "anonymous"), body=body)
 
@@ -49,16 +57,31 @@ def _embedding(body: dict[str, Any]) -> EmbeddingRequest:
     return validated(EmbeddingRequest, body)
 
 
+def _response(body: dict[str, Any]) -> rq.ResponsesRequest:
+    """A /v1/responses line, checked as the route checks its body; it runs within its
+    batch, so it is answered whole (`stream` is not taken as a stream, as a chat line's)
+    and cannot be a background response of its own."""
+    check_text(body)
+    asked = rq.parse(orjson.dumps(body))
+    if asked.background:
+        raise InvalidRequest("A batch line runs in its batch: background is for POST "
+                             "/v1/responses.", param="background")
+    return asked
+
+
 class JobShapes:
     """jobs/runner.py's `Shapes`: a job kept as its body is the request the endpoint
     reads from that body (checked against the server's limits and the model's engine as
     the endpoint checks it), with the job's tier, tenant and cache choice; its answer is
     the endpoint's whole answer (choices, tool calls, logprobs)."""
 
-    def __init__(self, config: RedlineConfig, pipeline: Pipeline) -> None:
+    def __init__(self, config: RedlineConfig, pipeline: Pipeline,
+                 records: ResponseRecords) -> None:
         """`pipeline`: its cache's embedder, and its observers, which hear of each
-        embeddings line as of a completion (rate limits, key budgets, usage)."""
-        self.config, self.pipeline = config, pipeline
+        embeddings line as of a completion (rate limits, key budgets, usage);
+        `records`: where a response line's Response is stored (and its
+        previous_response_id is read), as POST /v1/responses stores one."""
+        self.config, self.pipeline, self.records = config, pipeline, records
 
     def request(self, spec: JobSpec) -> GenerationRequest:
         assert spec.body is not None
@@ -70,13 +93,38 @@ class JobShapes:
     def body(self, spec: JobSpec, request: GenerationRequest, model: str,
              chunks: list[Chunk], usage: Usage | None,
              finish_reason: str | None) -> dict[str, Any]:
-        assert spec.endpoint != "embeddings"  # run by `embed`
+        assert spec.endpoint in ("chat", "text")  # the others are run by `whole`
         encoder = ChunkEncoder(spec.endpoint, request.id, model)
         answer: dict[str, Any] = orjson.loads(encoder.full(
             assemble(chunks, request.choices), usage, finish_reason or "stop"))
         return answer
 
-    async def embed(self, spec: JobSpec, gate: Gate | None) -> dict[str, Any]:
+    async def whole(self, spec: JobSpec, gate: Gate | None) -> dict[str, Any]:
+        if spec.endpoint == "responses":
+            return await self._respond(spec, gate)
+        return await self._embed(spec, gate)
+
+    async def _respond(self, spec: JobSpec, gate: Gate | None) -> dict[str, Any]:
+        """The Response POST /v1/responses would answer (not streamed), stored under the
+        batch's tenant unless the line says `store: false`."""
+        assert spec.body is not None
+        body = _response(spec.body)
+        context = await context_of(self.records, body, spec.tenant)
+        items = rq.normalize(body.input)
+        no_cache = not spec.use_cache
+        gen = rq.generation(body, context + items, spec.tier, spec.tenant, no_cache)
+        with fields_named():
+            capabilities.check(self.config, gen)
+            if gate is not None:
+                await gate.enter(spec.tenant, gen, spec.key)
+            completion = await truncation.complete(
+                self.pipeline, gen, body.truncation, context + items,
+                lambda chain: rq.generation(body, chain, spec.tier, spec.tenant, no_cache))
+        run = Run(body, gen.id.replace("req-", "resp_"), completion, self.records, items,
+                  context)
+        return await run.whole()
+
+    async def _embed(self, spec: JobSpec, gate: Gate | None) -> dict[str, Any]:
         assert spec.body is not None
         body = _embedding(spec.body)
         check_model(self.config, body.model)

@@ -176,8 +176,9 @@ def build(config: RedlineConfig, backends: Mapping[str, Backend] | None = None,
     keys = ManagedKeys(KeyStore(store), config.auth.key_cache_s)
     job_gate = JobGate(limiter, gate, keys, config.auth.keys)  # jobs are charged to their key
     background = Background(pipeline, streams, store, config.responses.ttl_s, job_gate)
+    shapes = JobShapes(config, pipeline, background.records)  # batch lines as the api answers
     jobs = JobService(config.jobs, Path(config.server.data_dir), config.store.url,
-                      pipeline, metrics.jobs, decode_body, JobShapes(config, pipeline), job_gate,
+                      pipeline, metrics.jobs, decode_body, shapes, job_gate,
                       respond=background.run)  # background responses (/v1/responses)
     return Services(config, metrics, store, pipeline, streams, limiter, longtail, live, jobs,
                     experiments, keys, usage, gate)

@@ -11,7 +11,7 @@ from typing import Any, Protocol
 
 from redline.cache import CachedAnswer
 from redline.errors import BackendError
-from redline.jobs.spec import JobSpec
+from redline.jobs.spec import WHOLE, JobSpec
 from redline.pipeline import Pipeline
 from redline.types import Chunk, GenerationRequest, Usage
 
@@ -38,17 +38,17 @@ class Shapes(Protocol):
         """The endpoint's whole (non-streamed) answer made of `chunks`."""
         ...
 
-    async def embed(self, spec: JobSpec, gate: Gate | None) -> dict[str, Any]:
-        """An embeddings line's answer, held to its tenant's limits and key as a
-        completion is (`gate`), and told to the pipeline's observers as one."""
+    async def whole(self, spec: JobSpec, gate: Gate | None) -> dict[str, Any]:
+        """The answer to a batch line the api runs itself (an embeddings line, a
+        response), held to its tenant's limits and key as a completion is (`gate`)."""
         ...
 
 
 async def run_request(pipeline: Pipeline, spec: JobSpec, shapes: Shapes,
                       gate: Gate | None = None) -> dict[str, Any]:
     """The OpenAI response body for `spec`; raises RedlineError when it fails."""
-    if spec.endpoint == "embeddings":  # not a generation: the api runs it whole
-        return await shapes.embed(spec, gate)
+    if spec.endpoint in WHOLE:  # not a plain generation: the api runs it whole
+        return await shapes.whole(spec, gate)
     request = spec.request() if spec.body is None else shapes.request(spec)
     if gate is not None:  # a background job or a batch line counts as its tenant's request
         await gate.enter(spec.tenant, request, spec.key)

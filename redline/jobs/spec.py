@@ -13,9 +13,11 @@ from redline.errors import InvalidRequest
 from redline.routing.names import parse_tier
 from redline.types import GenerationRequest, Message, SamplingParams
 
-Endpoint = Literal["chat", "text", "embeddings"]
+Endpoint = Literal["chat", "text", "embeddings", "responses"]
 ENDPOINTS: dict[str, Endpoint] = {"/v1/chat/completions": "chat", "/v1/completions": "text",
-                                  "/v1/embeddings": "embeddings"}  # embeddings: batches only
+                                  # batches only: answered whole by the api (Shapes.whole)
+                                  "/v1/embeddings": "embeddings", "/v1/responses": "responses"}
+WHOLE: tuple[Endpoint, ...] = ("embeddings", "responses")
 
 
 @dataclass(frozen=True)
