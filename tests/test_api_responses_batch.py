@@ -118,7 +118,11 @@ def test_a_background_or_malformed_line_is_refused_when_the_batch_is_made(
     client, _, _, _ = gateway
     for body, param in (({"model": "remote", "input": "hi", "background": True}, "background"),
                         ({"model": "remote", "input": "hi", "frobnicate": 1}, "frobnicate"),
-                        ({"model": "remote"}, "input")):
+                        ({"model": "remote"}, "input"),
+                        ({"model": "remote", "input": [{"type": "web_search_call"}]},
+                         "input[0].type"),
+                        ({"model": "remote", "input": "hi", "tools": [{"type": "x"}]},
+                         "tools[0].type")):
         batch = _batch(client, {"x": body})
         assert batch.status == "failed", batch
         assert batch.errors is not None and batch.errors.data

@@ -66,6 +66,8 @@ def _response(body: dict[str, Any]) -> rq.ResponsesRequest:
     if asked.background:
         raise InvalidRequest("A batch line runs in its batch: background is for POST "
                              "/v1/responses.", param="background")
+    # its input items, tools, tool_choice and text.format, checked when the batch is made
+    rq.generation(asked, rq.normalize(asked.input), asked.tier, "anonymous", False)
     return asked
 
 
