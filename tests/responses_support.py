@@ -19,7 +19,8 @@ Gateway = tuple[openai.OpenAI, openai.OpenAI, str, str]
 @pytest.fixture(scope="module", name="gateway")
 def responses_gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
     with gateway_support.gateway(tmp_path_factory.mktemp("responses"),
-                                 UpstreamSpec(ttft=Dist(0.0), tpot=Dist(0.0), cached_tokens=1),
+                                 UpstreamSpec(ttft=Dist(0.0), tpot=Dist(0.0), cached_tokens=1,
+                                              tokenize=True),
                                  local=True, default_model="remote") as (gw, up):
         # two bearer tokens on an open server: two tenants
         client = openai.OpenAI(base_url=f"{gw}/v1", api_key="key-a", max_retries=0)

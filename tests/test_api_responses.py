@@ -239,3 +239,30 @@ def test_logprobs_by_include_whole_and_streamed(gateway: Gateway) -> None:
               for lp in e.logprobs]
     done = next(e for e in events if e.type == "response.output_text.done")
     assert deltas == [lp.token for lp in done.logprobs] == [lp.token for lp in part.logprobs]
+
+
+def test_input_tokens_count_what_the_response_is_charged(gateway: Gateway) -> None:
+    """POST /v1/responses/input_tokens (the client's responses.input_tokens.count): a remote
+    model's engine counts the chat redline would send it (its /tokenize), the conversation
+    of previous_response_id included, and the count is what the response's usage then
+    says; a tenant cannot count another's conversation."""
+    client, other, _, up = gateway
+    first = client.responses.create(model="remote", input="My name is Ada.", max_output_tokens=3)
+    ask: dict[str, Any] = {"model": "remote", "input": "What is my name?",
+                           "instructions": "Be brief.", "previous_response_id": first.id}
+    counted = client.responses.input_tokens.count(**ask)
+    assert counted.object == "response.input_tokens"
+    assert [m["content"] for m in _sent(up)["messages"]] == [
+        "Be brief.", "My name is Ada.", first.output_text, "What is my name?"]
+    used = client.responses.create(**ask, max_output_tokens=3)
+    assert used.usage is not None and counted.input_tokens == used.usage.input_tokens
+    assert counted.input_tokens > client.responses.input_tokens.count(
+        model="remote", input="What is my name?").input_tokens
+    with pytest.raises(openai.NotFoundError) as missing:
+        other.responses.input_tokens.count(**ask)
+    assert missing.value.body["param"] == "previous_response_id"  # type: ignore[index]
+    for bad, param in (({"model": "auto"}, "model"), ({"model": "local"}, "model"),
+                       ({"conversation": "conv_1"}, "conversation")):
+        with pytest.raises(openai.BadRequestError) as err:
+            client.responses.input_tokens.count(**{**ask, **bad})
+        assert err.value.body["param"] == param, err.value.body  # type: ignore[index]

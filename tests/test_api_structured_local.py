@@ -242,6 +242,24 @@ def test_tokenize_counts_what_the_model_is_sent(server: ServerProcess) -> None:
     assert back.json() == {"prompt": text}
 
 
+def test_responses_input_tokens_count_what_the_model_is_sent(server: ServerProcess) -> None:
+    """responses.input_tokens.count on SmolLM2: instructions, the earlier turn of
+    previous_response_id and the tools rendered into the prompt, as the response's usage
+    then counts them."""
+    c = client(server)
+    first = c.responses.create(model=SMOL, input="My name is Ada.", max_output_tokens=4,
+                               temperature=0, extra_body=NO_CACHE)
+    tool = {"type": "function", **WEATHER["function"]}  # type: ignore[dict-item]
+    ask: dict[str, Any] = {"model": SMOL, "input": "What is the weather in Paris?",
+                           "instructions": "Be brief.", "previous_response_id": first.id,
+                           "tools": [tool]}
+    counted = c.responses.input_tokens.count(**ask).input_tokens
+    used = c.responses.create(**ask, max_output_tokens=1, extra_body=NO_CACHE).usage
+    assert used is not None and counted == used.input_tokens
+    alone = c.responses.input_tokens.count(model=SMOL, input="What is the weather in Paris?")
+    assert alone.input_tokens < counted
+
+
 @pytest.mark.parametrize(("path", "body", "status", "param"), [
     ("/tokenize", {"model": "auto", "prompt": "x"}, 400, "model"),
     ("/tokenize", {"model": "nope", "prompt": "x"}, 404, "model"),

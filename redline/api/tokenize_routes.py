@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import httpx
 import orjson
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
@@ -39,7 +40,7 @@ class DetokenizeRequest(BaseModel):
     tokens: list[int]
 
 
-async def _body(request: Request) -> dict[str, Any]:
+async def read_json(request: Request) -> dict[str, Any]:
     try:
         body = orjson.loads(await request.body())
     except orjson.JSONDecodeError as exc:
@@ -49,7 +50,7 @@ async def _body(request: Request) -> dict[str, Any]:
     return body
 
 
-async def _model(services: Services, request: Request, body: dict[str, Any]) -> str:
+async def counted_model(services: Services, request: Request, body: dict[str, Any]) -> str:
     name = body.get("model")
     if not isinstance(name, str) or not name:
         raise InvalidRequest("model is required.", param="model")
@@ -62,13 +63,15 @@ async def _model(services: Services, request: Request, body: dict[str, Any]) -> 
     return name
 
 
-def _local(services: Services, name: str) -> LocalBackend | None:
+def local_backend(services: Services, name: str) -> LocalBackend | None:
     leaf = replicas_of(services.pipeline.router.backends[name])[0]
     return leaf if isinstance(leaf, LocalBackend) else None
 
 
-async def _forward(services: Services, name: str, path: str, body: dict[str, Any]) -> Response:
-    """A remote model's engine answers: its own /tokenize or /detokenize."""
+async def ask_engine(services: Services, name: str, path: str,
+                     body: dict[str, Any]) -> httpx.Response:
+    """A remote model's engine's own /tokenize or /detokenize: its answer, or its 4xx
+    about the body; a 400 where it has no such endpoint."""
     model = next((m for m in services.config.models if m.name == name), None)
     if model is None or model.backend != "openai" or not model.replica_urls():
         raise InvalidRequest(f"The model `{name}` cannot count tokens here.", param="model")
@@ -77,6 +80,12 @@ async def _forward(services: Services, name: str, path: str, body: dict[str, Any
         raise InvalidRequest(f"The engine behind `{name}` has no {path}.", param="model")
     if r.status_code >= 500 or r.status_code in (401, 403):
         raise BackendError(f"{name}: upstream answered {r.status_code}")
+    return r
+
+
+async def forward(services: Services, name: str, path: str, body: dict[str, Any]) -> Response:
+    """A remote model's engine answers, as it answers."""
+    r = await ask_engine(services, name, path, body)
     return Response(r.content, status_code=r.status_code, media_type="application/json")
 
 
@@ -90,11 +99,11 @@ def _flag(body: dict[str, Any], key: str, default: bool) -> bool:
 @router.post("/tokenize", response_model=None)
 async def tokenize(request: Request) -> Response:
     services = services_of(request.app)
-    body = await _body(request)
-    name = await _model(services, request, body)
-    backend = _local(services, name)
+    body = await read_json(request)
+    name = await counted_model(services, request, body)
+    backend = local_backend(services, name)
     if backend is None:
-        return await _forward(services, name, "/tokenize", body)
+        return await forward(services, name, "/tokenize", body)
     chat = "messages" in body
     special = _flag(body, "add_special_tokens", not chat)
     strs = _flag(body, "return_token_strs", False)
@@ -120,14 +129,14 @@ async def tokenize(request: Request) -> Response:
 @router.post("/detokenize", response_model=None)
 async def detokenize(request: Request) -> Response:
     services = services_of(request.app)
-    body = await _body(request)
-    name = await _model(services, request, body)
-    backend = _local(services, name)
+    body = await read_json(request)
+    name = await counted_model(services, request, body)
+    backend = local_backend(services, name)
     if backend is None:
-        return await _forward(services, name, "/detokenize", body)
+        return await forward(services, name, "/detokenize", body)
     parsed = validated(DetokenizeRequest, body)
     text, _ = backend.text_of(parsed.tokens)
     return Response(orjson.dumps({"prompt": text}), media_type="application/json")
 
 
-__all__ = ["router"]
+__all__ = ["ask_engine", "counted_model", "local_backend", "read_json", "router"]

@@ -6,6 +6,7 @@ It behaves like a capacity-limited engine (vLLM at its batch limit): at most
 token. TTFT and TPOT are drawn from configurable distributions, a share of requests
 fail, and it counts what it saw, including requests whose client went away
 (`cancelled`), at `GET /stats`; `GET /last` is the last request body it was sent.
+With `tokenize` it serves vLLM's `POST /tokenize` too.
 
 It answers in OpenAI's exact shapes (fake_answers.py says what): tool calls streamed
 as fragments, logprobs, `n` choices, image parts, response formats, and usage (with
@@ -82,6 +83,7 @@ class UpstreamSpec:
     numbered: bool = False  # "t1 t2 ..." rather than "tok tok ..."
     die_at: int = 0  # cut a stream after its answer's first `die_at` pieces (0: never)
     prefill_assistant: bool = False  # a final assistant message is continued (llama.cpp)
+    tokenize: bool = False  # serves vLLM's POST /tokenize: a prompt's words are its tokens
 
 
 @dataclass
@@ -206,6 +208,14 @@ def create_upstream(spec: UpstreamSpec, name: str = "fake-upstream") -> Starlett
         last_body[:] = [body]
         return JSONResponse(embedding_answer(body))
 
+    async def tokenize(request: Request) -> Response:
+        """vLLM's /tokenize, counting as usage counts here (a word a token)."""
+        body = await request.json()
+        last_body[:] = [body]
+        words = prompt_words(body, "messages" in body)
+        return JSONResponse({"count": words, "max_model_len": 4096,
+                             "tokens": list(range(words)), "token_strs": None})
+
     async def last(_: Request) -> Response:
         return JSONResponse(last_body[0] if last_body else None)
 
@@ -216,6 +226,7 @@ def create_upstream(spec: UpstreamSpec, name: str = "fake-upstream") -> Starlett
         Route("/v1/completions", text, methods=["POST"]),
         Route("/v1/embeddings", embeddings, methods=["POST"]),
         Route("/readyz", lambda _: JSONResponse({"ok": True})),
+        *([Route("/tokenize", tokenize, methods=["POST"])] if spec.tokenize else []),
     ])
     app.state.stats = stats
     return app
