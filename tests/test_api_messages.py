@@ -1,6 +1,6 @@
 """POST /v1/messages with the official `anthropic` client, through a remote backend (the
-fake upstream): text, streaming, a tool-use round trip, images, errors in Anthropic's
-shape."""
+fake upstream): text, streaming, a tool-use round trip, images, counting tokens, errors in
+Anthropic's shape."""
 
 from __future__ import annotations
 
@@ -23,7 +23,8 @@ ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
 @pytest.fixture(scope="module")
 def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[anthropic.Anthropic, str, str]]:
     with gateway_support.gateway(tmp_path_factory.mktemp("messages"),
-                                 UpstreamSpec(ttft=Dist(0.0), tpot=Dist(0.0), cached_tokens=1),
+                                 UpstreamSpec(ttft=Dist(0.0), tpot=Dist(0.0), cached_tokens=1,
+                                              tokenize=True),
                                  local=True) as (gw, up):
         client = anthropic.Anthropic(base_url=gw, api_key="x", max_retries=0)
         yield client, gw, up
@@ -105,3 +106,25 @@ def test_errors_are_anthropic_shaped(gateway: Any) -> None:
     r = httpx.post(f"{url}/v1/messages", json={"model": "remote", "max_tokens": 5,
                                                "messages": ASK, "thinking": {"type": "enabled"}})
     assert r.status_code == 400 and r.json()["type"] == "error"
+
+
+def test_count_tokens_counts_what_the_message_is_charged(gateway: Any) -> None:
+    """messages.count_tokens: a remote model's engine counts the chat redline would send it
+    (its /tokenize), and the count is the input_tokens the message's usage then says;
+    errors in Anthropic's shape."""
+    client, url, up = gateway
+    ask: dict[str, Any] = {"model": "remote", "messages": ASK, "system": "Be brief.",
+                           "tools": [WEATHER]}
+    counted = client.messages.count_tokens(**ask)
+    sent = httpx.get(f"{up}/last").json()
+    assert [m["content"] for m in sent["messages"]] == ["Be brief.", ASK[0]["content"]]
+    assert sent["tools"][0]["function"]["name"] == "get_weather"
+    used = client.messages.create(**ask, max_tokens=3)
+    assert counted.input_tokens == used.usage.input_tokens
+    assert client.messages.count_tokens(model="remote", messages=ASK).input_tokens \
+        < counted.input_tokens
+    with pytest.raises(anthropic.NotFoundError):
+        client.messages.count_tokens(model="nope", messages=ASK)
+    for bad in ({"model": "local"}, {"model": "auto"}, {"max_tokens": 5}, {"messages": []}):
+        r = httpx.post(f"{url}/v1/messages/count_tokens", json={**ask, **bad})
+        assert r.status_code == 400 and r.json()["type"] == "error", (bad, r.text)

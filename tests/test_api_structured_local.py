@@ -260,6 +260,19 @@ def test_responses_input_tokens_count_what_the_model_is_sent(server: ServerProce
     assert alone.input_tokens < counted
 
 
+def test_messages_count_tokens_counts_what_the_model_is_sent(server: ServerProcess) -> None:
+    """Anthropic's messages.count_tokens on SmolLM2: the system prompt, the turns and the
+    tools rendered into the prompt, as the message's usage then counts them."""
+    ask: dict[str, Any] = {
+        "model": SMOL, "system": "Be brief.", "messages": [{"role": "user", "content": "Weather in Paris?"}],
+        "tools": [{"name": "get_weather", "description": "The weather in a city",
+                   "input_schema": WEATHER["function"]["parameters"]}]}  # type: ignore[index]
+    counted = httpx.post(f"{server.url}/v1/messages/count_tokens", json=ask).json()
+    used = httpx.post(f"{server.url}/v1/messages", timeout=60, json={
+        **ask, "max_tokens": 1, **NO_CACHE}).json()["usage"]
+    assert counted == {"input_tokens": used["input_tokens"]}
+
+
 @pytest.mark.parametrize(("path", "body", "status", "param"), [
     ("/tokenize", {"model": "auto", "prompt": "x"}, 400, "model"),
     ("/tokenize", {"model": "nope", "prompt": "x"}, 404, "model"),

@@ -70,6 +70,9 @@ def test_over_the_request_rate(live: tuple[str, FakeBackend]) -> None:
         assert c.messages.create(model="fake", max_tokens=3, messages=ASK).type == "message"  # type: ignore[arg-type]
     wait = assert_anthropic_429(refused(url, RPM))
     assert abs(int(openai_429(url, RPM).headers["retry-after"]) - wait) <= 1  # the same window
+    with client(url, RPM) as c, pytest.raises(anthropic.RateLimitError) as counting:
+        c.messages.count_tokens(model="fake", messages=ASK)  # type: ignore[arg-type]
+    assert_anthropic_429(counting.value)  # its count_tokens too, in its shape
 
 
 def test_over_the_concurrency_cap(live: tuple[str, FakeBackend]) -> None:

@@ -374,7 +374,7 @@ class RateLimit:
         verdict = await self.limiter.admit(limit_key(scope, self.limiter.keyed))
         if not verdict.allowed:
             err = RateLimited(verdict.message, retry_after=verdict.retry_after)
-            if scope["path"] == "/v1/messages":  # Anthropic's clients read Anthropic's shape
+            if scope["path"].startswith("/v1/messages"):  # Anthropic's clients read its shape
                 await anthropic.send_error(send, err, verdict.headers)
             else:
                 await send_error(send, err, headers=list(verdict.headers))

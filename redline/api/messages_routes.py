@@ -16,6 +16,7 @@ from pydantic import ValidationError
 from redline.api import anthropic, capabilities
 from redline.api.services import services_of
 from redline.api.tenant import tenant_from
+from redline.api.tokenize_routes import chat_tokens, counted_model, read_json
 from redline.closing import aclose
 from redline.errors import InvalidRequest, RedlineError
 from redline.pipeline import Completion
@@ -29,16 +30,49 @@ def _error(status: int, message: str, retry_after: float | None = None) -> Respo
                     media_type="application/json", headers=anthropic.error_headers(retry_after))
 
 
+def _invalid(exc: ValidationError) -> InvalidRequest:
+    errors = exc.errors()
+    where = ".".join(str(p) for p in errors[0]["loc"]) if errors else ""
+    what = errors[0]["msg"] if errors else "invalid value"
+    return InvalidRequest(f"{where}: {what}", param=where or None)
+
+
+COUNTED = frozenset({"model", "messages", "system", "tools", "tool_choice"})
+
+
+@router.post("/v1/messages/count_tokens", response_model=None)
+async def count_tokens(request: Request) -> Response:
+    """Anthropic's messages.count_tokens: the input tokens a message request's usage would
+    report (its system prompt, its turns and its tools as the engine renders them) for a
+    named model, before it is sent (api/tokenize_routes.py counts them)."""
+    try:
+        services = services_of(request.app)
+        raw = await read_json(request)
+        unknown = sorted(set(raw) - COUNTED)
+        if unknown:
+            raise InvalidRequest(f"{unknown[0]}: Extra inputs are not permitted",
+                                 param=unknown[0])
+        try:  # a message request that generates nothing: its max_tokens does not count
+            body = anthropic.MessagesRequest.model_validate({**raw, "max_tokens": 1})
+        except ValidationError as exc:
+            raise _invalid(exc) from exc
+        name = await counted_model(services, request, raw)  # a key's allowlist too
+        gen = body.to_generation(None, tenant_from(request.scope, request.headers.get(
+            "authorization", "")), True)
+        capabilities.check(services.config, gen)  # what POST /v1/messages would refuse
+        count = await chat_tokens(services, name, gen)
+    except RedlineError as exc:
+        return _error(exc.status, exc.message, exc.retry_after)
+    return Response(orjson.dumps({"input_tokens": count}), media_type="application/json")
+
+
 @router.post("/v1/messages", response_model=None)
 async def messages(request: Request) -> Response:
     try:
         try:
             body = anthropic.MessagesRequest.model_validate_json(await request.body())
         except ValidationError as exc:
-            errors = exc.errors()
-            where = ".".join(str(p) for p in errors[0]["loc"]) if errors else ""
-            what = errors[0]["msg"] if errors else "invalid value"
-            raise InvalidRequest(f"{where}: {what}", param=where or None) from exc
+            raise _invalid(exc) from exc
         headers = request.headers
         gen = body.to_generation(headers.get("x-redline-tier") or body.tier,
                                  tenant_from(request.scope, headers.get("authorization", "")),

@@ -30,9 +30,8 @@ from redline.api.responses_output import response_json
 from redline.api.responses_run import OPEN, Run, context_of, fields_named, not_found
 from redline.api.services import services_of
 from redline.api.tenant import tenant_of
-from redline.api.tokenize_routes import ask_engine, counted_model, local_backend, read_json
-from redline.backends.openai_wire import request_body
-from redline.errors import BackendError, InvalidRequest, NotFound
+from redline.api.tokenize_routes import chat_tokens, counted_model, read_json
+from redline.errors import InvalidRequest, NotFound
 from redline.responses import ResponseRecord, ResponseRecords
 
 router = APIRouter()
@@ -136,8 +135,8 @@ async def input_tokens(request: Request) -> Response:
     report (its instructions, the conversation `previous_response_id` continues, its tools
     as the engine renders them), before it is sent. An embedded model counts them with its
     own tokenizer; a remote one's engine counts the chat redline would send it, at its
-    own /tokenize (vLLM's, SGLang's). The whole input is counted, as `truncation: "auto"`
-    would find it."""
+    own /tokenize (api/tokenize_routes.py). The whole input is counted, as
+    `truncation: "auto"` would find it."""
     services = services_of(request.app)
     raw = await read_json(request)
     name = await counted_model(services, request, raw)  # a key's allowlist too
@@ -147,19 +146,7 @@ async def input_tokens(request: Request) -> Response:
     with fields_named():
         gen = rq.generation(body, context + rq.normalize(body.input), None, tenant, True)
         capabilities.check(services.config, gen)  # what POST /v1/responses would refuse
-    backend = local_backend(services, name)
-    if backend is not None:
-        count = len(backend.tokens_of(gen, False))
-    else:
-        chat = request_body(gen, name)[1]
-        r = await ask_engine(services, name, "/tokenize",
-                             {k: chat[k] for k in ("messages", "tools") if k in chat})
-        if r.status_code >= 400:  # the engine's word on the body
-            return Response(r.content, status_code=r.status_code, media_type="application/json")
-        try:
-            count = int(r.json()["count"])
-        except (ValueError, KeyError, TypeError) as exc:
-            raise BackendError(f"{name}: its engine's /tokenize gave no count") from exc
+    count = await chat_tokens(services, name, gen)
     return _json({"object": "response.input_tokens", "input_tokens": count})
 
 

@@ -26,9 +26,11 @@ from redline.api.errors import validated
 from redline.api.schemas import ChatCompletionRequest, CompletionRequest
 from redline.api.services import Services, services_of
 from redline.backends.local import LocalBackend
+from redline.backends.openai_wire import request_body
 from redline.backends.pool import replicas_of
 from redline.errors import BackendError, InvalidRequest, ModelNotFound
 from redline.routing.names import AUTO
+from redline.types import GenerationRequest
 
 router = APIRouter()
 
@@ -81,6 +83,31 @@ async def ask_engine(services: Services, name: str, path: str,
     if r.status_code >= 500 or r.status_code in (401, 403):
         raise BackendError(f"{name}: upstream answered {r.status_code}")
     return r
+
+
+async def chat_tokens(services: Services, name: str, gen: GenerationRequest) -> int:
+    """The prompt tokens of the chat `gen` to the model `name`, as its usage would count
+    them: an embedded model's tokenizer on the prompt its engine renders (tools too), or
+    a remote model's engine at its /tokenize, on the chat redline would send it."""
+    backend = local_backend(services, name)
+    if backend is not None:
+        return len(backend.tokens_of(gen, False))
+    chat = request_body(gen, name)[1]
+    r = await ask_engine(services, name, "/tokenize",
+                         {k: chat[k] for k in ("messages", "tools") if k in chat})
+    try:
+        answer = r.json()
+    except ValueError:
+        answer = None
+    if r.status_code >= 400:  # the engine's word on the prompt
+        error = answer.get("error") if isinstance(answer, dict) else None
+        said = error.get("message") if isinstance(error, dict) else error
+        raise InvalidRequest(str(said or f"The engine behind `{name}` refused the prompt "
+                                 f"({r.status_code})."))
+    count = answer.get("count") if isinstance(answer, dict) else None
+    if not isinstance(count, int):
+        raise BackendError(f"{name}: its engine's /tokenize gave no count")
+    return count
 
 
 async def forward(services: Services, name: str, path: str, body: dict[str, Any]) -> Response:
@@ -139,4 +166,4 @@ async def detokenize(request: Request) -> Response:
     return Response(orjson.dumps({"prompt": text}), media_type="application/json")
 
 
-__all__ = ["ask_engine", "counted_model", "local_backend", "read_json", "router"]
+__all__ = ["chat_tokens", "counted_model", "read_json", "router"]
