@@ -52,7 +52,7 @@ def check(response: Any, label: str) -> None:
     if response.status_code >= 400:
         assert (header(response, "content-type") or "").startswith("application/json"), label
         body = response.json()
-        if label.endswith("/v1/messages"):  # Anthropic's Messages API: Anthropic's error shape
+        if label.split()[-1].startswith("/v1/messages"):  # Anthropic's API: its error shape
             assert body["type"] == "error" and set(body["error"]) == {"type", "message"}, label
             assert isinstance(body["error"]["message"], str) and body["error"]["message"]
             return
