@@ -273,6 +273,22 @@ def test_messages_count_tokens_counts_what_the_model_is_sent(server: ServerProce
     assert counted == {"input_tokens": used["input_tokens"]}
 
 
+def test_a_message_stream_says_its_input_tokens_at_the_start(server: ServerProcess) -> None:
+    """On an embedded model, Anthropic's message_start already holds the prompt's tokens,
+    as Anthropic's API sends them, and they are what the final usage says (the official
+    `anthropic` client's events)."""
+    import anthropic
+
+    with anthropic.Anthropic(base_url=server.url, api_key="x", max_retries=0) as c:
+        with c.messages.stream(model=SMOL, max_tokens=4, system="Be brief.",
+                               messages=[{"role": "user", "content": "Name a colour."}],
+                               extra_body=NO_CACHE) as stream:
+            start = next(e for e in stream if e.type == "message_start")
+            final = stream.get_final_message()
+    assert start.message.usage.input_tokens > 0
+    assert start.message.usage.input_tokens == final.usage.input_tokens
+
+
 @pytest.mark.parametrize(("path", "body", "status", "param"), [
     ("/tokenize", {"model": "auto", "prompt": "x"}, 400, "model"),
     ("/tokenize", {"model": "nope", "prompt": "x"}, 404, "model"),

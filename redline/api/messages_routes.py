@@ -14,13 +14,13 @@ from fastapi.responses import Response, StreamingResponse
 from pydantic import ValidationError
 
 from redline.api import anthropic, capabilities
-from redline.api.services import services_of
+from redline.api.services import Services, services_of
 from redline.api.tenant import tenant_from
-from redline.api.tokenize_routes import chat_tokens, counted_model, read_json
+from redline.api.tokenize_routes import chat_tokens, counted_model, local_backend, read_json
 from redline.closing import aclose
 from redline.errors import InvalidRequest, RedlineError
 from redline.pipeline import Completion
-from redline.types import Chunk, assemble
+from redline.types import Chunk, GenerationRequest, assemble
 
 router = APIRouter()
 
@@ -88,7 +88,8 @@ async def messages(request: Request) -> Response:
     extra = {"X-Redline-Model": completion.model, "X-Redline-Tier": completion.tier,
              "X-Redline-Cache": completion.cache, "request-id": msg_id}
     if body.stream:
-        return StreamingResponse(_events(msg_id, completion.model, completion),
+        start = _input_tokens(services, completion, gen)
+        return StreamingResponse(_events(msg_id, completion.model, completion, start),
                                  media_type="text/event-stream", headers=extra)
     got = [chunk async for chunk in completion.chunks]
     failed = next((c for c in got if c.finish_reason == "error"), None)
@@ -98,12 +99,27 @@ async def messages(request: Request) -> Response:
                     media_type="application/json", headers=extra)
 
 
-async def _events(msg_id: str, model: str, c: Completion) -> AsyncIterator[bytes]:
+def _input_tokens(services: Services, c: Completion, gen: GenerationRequest) -> int:
+    """What message_start says of the prompt, before it is generated from: its tokens where
+    an embedded model generates (its own count, which its usage then reports; the prompt
+    was tokenized for it already); 0 where that count arrives only with the answer (a
+    remote engine's, a cached answer's), in message_delta."""
+    backend = local_backend(services, c.model)
+    if backend is None or c.cache in ("hit", "semantic"):
+        return 0
+    try:
+        return len(backend.tokens_of(gen, False))
+    except RedlineError:  # the stream reports what the engine refuses
+        return 0
+
+
+async def _events(msg_id: str, model: str, c: Completion,
+                  input_tokens: int) -> AsyncIterator[bytes]:
     event = anthropic.event
     yield event("message_start", {"message": {
         "id": msg_id, "type": "message", "role": "assistant", "model": model, "content": [],
         "stop_reason": None, "stop_sequence": None,
-        "usage": {"input_tokens": 0, "output_tokens": 0}}})
+        "usage": {"input_tokens": input_tokens, "output_tokens": 0}}})
     blocks = anthropic.Blocks()
     last: Chunk | None = None
     try:

@@ -66,7 +66,9 @@ async def counted_model(services: Services, request: Request, body: dict[str, An
 
 
 def local_backend(services: Services, name: str) -> LocalBackend | None:
-    leaf = replicas_of(services.pipeline.router.backends[name])[0]
+    """The embedded engine that serves model `name`, if an embedded one does."""
+    backend = services.pipeline.router.backends.get(name)
+    leaf = None if backend is None else replicas_of(backend)[0]
     return leaf if isinstance(leaf, LocalBackend) else None
 
 
@@ -166,4 +168,4 @@ async def detokenize(request: Request) -> Response:
     return Response(orjson.dumps({"prompt": text}), media_type="application/json")
 
 
-__all__ = ["chat_tokens", "counted_model", "read_json", "router"]
+__all__ = ["chat_tokens", "counted_model", "local_backend", "read_json", "router"]
