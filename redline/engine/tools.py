@@ -299,11 +299,3 @@ def _object_end(s: str, brace: int) -> int | None:
             if depth == 0:
                 return k + 1
     return None
-
-
-def _partial(text: str, marker: str) -> int:
-    """Length of the longest suffix of `text` that starts `marker`."""
-    for n in range(min(len(marker) - 1, len(text)), 0, -1):
-        if text.endswith(marker[:n]):
-            return n
-    return 0
