@@ -18,6 +18,7 @@ from redline.api.errors import validated
 from redline.api.responses_run import Run, context_of, fields_named
 from redline.api.schemas import ChatCompletionRequest, CompletionRequest
 from redline.api.unicode import check_text
+from redline.backends.openai_wire import error_message
 from redline.config import RedlineConfig
 from redline.errors import InvalidRequest
 from redline.jobs.runner import Gate
@@ -46,6 +47,8 @@ def decode_body(url: str, body: dict[str, Any]) -> JobSpec:
         return JobSpec(endpoint=endpoint, model=line.model, sampling={}, body=body)
     if endpoint == "responses":
         asked = _response(body)
+        # its input items, tools, tool_choice and text.format, checked as the batch is made
+        rq.generation(asked, rq.normalize(asked.input), asked.tier, "anonymous", False)
         return JobSpec(endpoint=endpoint, model=asked.model, sampling={}, tier=asked.tier,
                        body=body)
     parsed = _parsed(endpoint, body)
@@ -66,8 +69,6 @@ def _response(body: dict[str, Any]) -> rq.ResponsesRequest:
     if asked.background:
         raise InvalidRequest("A batch line runs in its batch: background is for POST "
                              "/v1/responses.", param="background")
-    # its input items, tools, tool_choice and text.format, checked when the batch is made
-    rq.generation(asked, rq.normalize(asked.input), asked.tier, "anonymous", False)
     return asked
 
 
@@ -136,9 +137,7 @@ class JobShapes:
         code, content = await embed_told(self.config, self.pipeline, body, line)
         answer: dict[str, Any] = orjson.loads(content)
         if code >= 400:  # the upstream's 4xx, as the route passes it on
-            error = answer.get("error") if isinstance(answer, dict) else None
-            message = error.get("message") if isinstance(error, dict) else None
-            raise InvalidRequest(str(message or f"the upstream answered {code}"))
+            raise InvalidRequest(error_message(answer) or f"the upstream answered {code}")
         return answer
 
 

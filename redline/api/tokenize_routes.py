@@ -26,7 +26,7 @@ from redline.api.errors import validated
 from redline.api.schemas import ChatCompletionRequest, CompletionRequest
 from redline.api.services import Services, services_of
 from redline.backends.local import LocalBackend
-from redline.backends.openai_wire import request_body
+from redline.backends.openai_wire import error_message, request_body
 from redline.backends.pool import replicas_of
 from redline.errors import BackendError, InvalidRequest, ModelNotFound
 from redline.routing.names import AUTO
@@ -102,10 +102,8 @@ async def chat_tokens(services: Services, name: str, gen: GenerationRequest) -> 
     except ValueError:
         answer = None
     if r.status_code >= 400:  # the engine's word on the prompt
-        error = answer.get("error") if isinstance(answer, dict) else None
-        said = error.get("message") if isinstance(error, dict) else error
-        raise InvalidRequest(str(said or f"The engine behind `{name}` refused the prompt "
-                                 f"({r.status_code})."))
+        raise InvalidRequest(error_message(answer) or f"The engine behind `{name}` refused "
+                             f"the prompt ({r.status_code}).")
     count = answer.get("count") if isinstance(answer, dict) else None
     if not isinstance(count, int):
         raise BackendError(f"{name}: its engine's /tokenize gave no count")

@@ -217,15 +217,7 @@ def _chunk(choice: dict[str, Any]) -> Chunk | None:
 
 
 def _message(payload: Any) -> str:
-    if isinstance(payload, dict):
-        err = payload.get("error")
-        if isinstance(err, dict):
-            return str(err.get("message") or err)
-        if err:
-            return str(err)
-        if "detail" in payload:
-            return str(payload["detail"])
-    return str(payload)[:200]
+    return wire.error_message(payload) or str(payload)[:200]
 
 
 def _upstream_error(name: str, status: int, raw: bytes) -> Exception:

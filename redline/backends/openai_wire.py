@@ -161,6 +161,20 @@ def delta_extra(delta: dict[str, Any]) -> Extra:
         or NO_EXTRA
 
 
+def error_message(payload: Any) -> str | None:
+    """What an engine's error body says (OpenAI's `error`, an object or a string, or a
+    FastAPI `detail`), or None where it says nothing of the kind."""
+    if isinstance(payload, dict):
+        err = payload.get("error")
+        if isinstance(err, dict):
+            return str(err.get("message") or err)
+        if err:
+            return str(err)
+        if "detail" in payload:
+            return str(payload["detail"])
+    return None
+
+
 def usage(u: dict[str, Any]) -> Usage:
     prompt = dict(u.get("prompt_tokens_details") or {})
     cached = prompt.pop("cached_tokens", None)
