@@ -34,13 +34,23 @@ def usage_json(u: Usage | None) -> dict[str, Any]:
     return out
 
 
+def token_logprob(t: TokenLogprob, fill_bytes: bool = False) -> dict[str, Any]:
+    """A token's logprob and its alternatives as chat completions and Responses write
+    them; `fill_bytes`: its UTF-8 bytes where the backend gave none (Responses always
+    has them, chat says null)."""
+    return {"token": t.token, "logprob": t.logprob, "bytes": _bytes(t.token, t.bytes, fill_bytes),
+            "top_logprobs": [{"token": o.token, "logprob": o.logprob,
+                              "bytes": _bytes(o.token, o.bytes, fill_bytes)} for o in t.top]}
+
+
+def _bytes(token: str, given: tuple[int, ...] | None, fill: bool) -> list[int] | None:
+    if given is not None:
+        return list(given)
+    return list(token.encode()) if fill else None
+
+
 def _chat_logprobs(lps: Sequence[TokenLogprob]) -> dict[str, Any]:
-    return {"content": [
-        {"token": t.token, "logprob": t.logprob,
-         "bytes": None if t.bytes is None else list(t.bytes),
-         "top_logprobs": [{"token": o.token, "logprob": o.logprob,
-                           "bytes": None if o.bytes is None else list(o.bytes)} for o in t.top]}
-        for t in lps], "refusal": None}
+    return {"content": [token_logprob(t) for t in lps], "refusal": None}
 
 
 def _text_logprobs(lps: Sequence[TokenLogprob], at: int) -> dict[str, Any]:

@@ -12,8 +12,9 @@ from typing import Any
 
 import orjson
 
+from redline.api.chunks import token_logprob
 from redline.api.responses_request import ResponsesRequest
-from redline.types import Chunk, FinishReason, TokenLogprob, ToolCallDelta, Usage, new_id
+from redline.types import Chunk, FinishReason, ToolCallDelta, Usage, new_id
 
 DONE = b"data: [DONE]\n\n"  # ends the journal's copy (streams/journal.py); clients stop at it
 
@@ -124,7 +125,7 @@ class Output:
             item = self.items[-1]
             part = item["content"][0]
             part["text"] += chunk.text
-            lps = [_logprob(t) for t in chunk.logprobs or ()]
+            lps = [token_logprob(t, fill_bytes=True) for t in chunk.logprobs or ()]
             part["logprobs"] += lps
             out.append(self.event("response.output_text.delta", {
                 "item_id": item["id"], "output_index": self._at, "content_index": 0,
@@ -176,16 +177,6 @@ class Output:
                 "arguments": item["arguments"]}))
         out.append(self.event("response.output_item.done", {"output_index": at, "item": item}))
         return out
-
-
-def _logprob(t: TokenLogprob) -> dict[str, Any]:
-    """A token's logprob as Responses writes it (its UTF-8 bytes always given)."""
-    def raw(token: str, given: tuple[int, ...] | None) -> list[int]:
-        return list(token.encode()) if given is None else list(given)
-
-    return {"token": t.token, "logprob": t.logprob, "bytes": raw(t.token, t.bytes),
-            "top_logprobs": [{"token": o.token, "logprob": o.logprob,
-                              "bytes": raw(o.token, o.bytes)} for o in t.top]}
 
 
 def _empty_part(kind: str) -> dict[str, Any]:
