@@ -256,7 +256,7 @@ class Pipeline:
 
     def tell(self, done: Finished) -> None:
         """Every observer hears of `done`: a completion's end, or a request that ran
-        outside the pipeline but counts as one (a batch's embeddings line)."""
+        outside the pipeline but counts as one (an embeddings request)."""
         for observer in self.observers:
             try:
                 observer.on_finish(done)

@@ -139,8 +139,9 @@ async def _events(msg_id: str, model: str, c: Completion,
     for piece in blocks.close():
         yield piece
     reason = last.finish_reason if last is not None else "stop"
-    # the whole usage, as Anthropic's API sends it here (cumulative): message_start went
-    # out before the prompt was counted, and the SDK takes input_tokens from this event
+    # the whole usage, as Anthropic's API sends it here (cumulative): message_start held
+    # the prompt's count only where an embedded model answers, and the SDK takes
+    # input_tokens from this event
     yield event("message_delta", {"delta": {"stop_reason": anthropic.STOP.get(reason or "stop"),
                                             "stop_sequence": None},
                                   "usage": anthropic.usage_json(c.usage)})
