@@ -145,6 +145,35 @@ def test_a_chain_cannot_continue_a_running_background_response(env: Env) -> None
     assert a.responses.cancel(r.id).status == "cancelled"
 
 
+def test_background_responses_in_a_conversation_see_each_other(env: Env) -> None:
+    """A background response reads its conversation when a worker runs it (not when it
+    was accepted), so one queued behind another continues from it; each adds its turn
+    once it has run, and one cancelled while queued adds nothing."""
+    a, _, _ = env
+    conv = a.conversations.create()
+    blocker = a.responses.create(model="remote", input="long", max_output_tokens=300,
+                                 background=True)
+    first = a.responses.create(model="remote", input="one", max_output_tokens=3,
+                               background=True, conversation=conv.id)
+    dropped = a.responses.create(model="remote", input="never", max_output_tokens=3,
+                                 background=True, conversation=conv.id)
+    second = a.responses.create(model="remote", input="two", max_output_tokens=3,
+                                background=True, conversation=conv.id)
+    assert a.responses.cancel(dropped.id).status == "cancelled"  # still queued
+    a.responses.cancel(blocker.id)
+    done = [_wait(a, r.id) for r in (first, second)]
+    assert [r.status for r in done] == ["incomplete", "incomplete"]  # at their limit: ran
+    assert done[1].conversation is not None and done[1].conversation.id == conv.id
+    items = list(a.conversations.items.list(conv.id, order="asc"))
+    texts = ["".join(p.text for p in i.content) for i in items]
+    assert texts == ["one", done[0].output_text, "two", done[1].output_text]
+    assert [i.role for i in items] == ["user", "assistant", "user", "assistant"]
+    # the second was asked with the first's turn before its own (the upstream counts
+    # a prompt's words): had it read the conversation when accepted, it held nothing
+    assert done[0].usage is not None and done[1].usage is not None
+    assert done[1].usage.input_tokens >= done[0].usage.input_tokens + 3
+
+
 def test_a_job_that_ended_without_writing_its_end_reads_as_failed() -> None:
     from redline.api.responses_background import view
     from redline.jobs.model import Job

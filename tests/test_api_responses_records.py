@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from redline.config import RedlineConfig
-from redline.responses import ResponseRecord, ResponseRecords
+from redline.responses import Conversations, ResponseRecord, ResponseRecords
 from redline.store import open_store
 
 
@@ -48,3 +48,40 @@ def test_the_expiry_is_configurable() -> None:
     assert RedlineConfig(responses={"ttl_s": 60}).responses.ttl_s == 60
     with pytest.raises(ValueError):
         RedlineConfig(responses={"ttl_s": 0})
+
+
+def _msg(mid: str) -> dict[str, object]:
+    return {"type": "message", "id": mid, "role": "user", "content": []}
+
+
+@pytest.mark.parametrize("kind", ["memory", "sqlite"])
+def test_conversations_belong_to_their_tenant_and_expire_unless_written(
+        kind: str, tmp_path: Path) -> None:
+    """A conversation's items in order, a deleted one left out; a write refreshes the
+    whole conversation's TTL (its metadata and its items together); one left alone
+    expires; one deleted is not brought back by a response that ends after it."""
+    async def run() -> None:
+        store = open_store("memory://" if kind == "memory" else f"sqlite:///{tmp_path}/c.db")
+        try:
+            conversations = Conversations(store, ttl_s=0.6)
+            conv = await conversations.create("t1", {"k": "v"}, [_msg("m1")])
+            assert await conversations.get(conv.id, "t2") is None
+            assert await conversations.append(conv, [_msg("m2"), _msg("m3")])
+            await conversations.delete_item(conv, "m2")
+            assert [i["id"] for i in await conversations.items(conv)] == ["m1", "m3"]
+            for _ in range(3):  # writes, each within the TTL: kept past it in all
+                await asyncio.sleep(0.3)
+                await conversations.update(conv, {"k": "w"})
+            got = await conversations.get(conv.id, "t1")
+            assert got is not None and got.metadata == {"k": "w"}
+            assert [i["id"] for i in await conversations.items(got)] == ["m1", "m3"]
+            await asyncio.sleep(0.9)
+            assert await conversations.get(conv.id, "t1") is None  # left alone: expired
+            other = await conversations.create("t1", None, [])
+            await conversations.delete(other)
+            assert not await conversations.append(other, [_msg("late")])
+            assert await conversations.get(other.id, "t1") is None
+            assert await conversations.items(other) == []
+        finally:
+            await store.close()
+    asyncio.run(run())

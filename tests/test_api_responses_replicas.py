@@ -1,7 +1,8 @@
 """Two replicas sharing a real redis-server, in front of one fake upstream: a
 conversation by previous_response_id whose turns alternate between the replicas is the
 same as on one replica, and a streamed response cut on one replica is resumed on the
-other (starting_after) while it is still being generated, byte for byte."""
+other (starting_after) while it is still being generated, byte for byte; a
+/v1/conversations conversation is one on both."""
 
 from __future__ import annotations
 
@@ -68,6 +69,30 @@ def test_a_conversation_alternating_replicas_is_the_same_as_on_one(
     answers, sent = one
     assert answers == [" ".join(["tok"] * (i + 1)) for i in range(5)]
     assert len(sent) == 1 + 2 * 5 - 1 and sent[0]["role"] == "system"  # the whole chain
+
+
+def test_a_conversation_object_is_shared_by_the_replicas(
+        replicas: tuple[str, str, str]) -> None:
+    """A /v1/conversations conversation made on one replica, continued by responses on
+    both, its items added and deleted on either: each replica sees the same items."""
+    a, b, up = replicas
+    with _client(a) as ca, _client(b) as cb:
+        conv = ca.conversations.create(metadata={"k": "v"})
+        for turn, client in enumerate([cb, ca, cb]):
+            client.responses.create(model="remote", input=f"turn {turn}", max_output_tokens=2,
+                                    conversation=conv.id)
+        sent = httpx.get(f"{up}/last").json()["messages"]
+        assert [m["content"] for m in sent if m["role"] == "user"] == [
+            "turn 0", "turn 1", "turn 2"]
+        on_a = [i.id for i in ca.conversations.items.list(conv.id, order="asc")]
+        on_b = [i.id for i in cb.conversations.items.list(conv.id, order="asc")]
+        assert on_a == on_b and len(on_a) == 6
+        cb.conversations.items.delete(on_a[0], conversation_id=conv.id)
+        assert [i.id for i in ca.conversations.items.list(conv.id, order="asc")] == on_a[1:]
+        assert ca.conversations.retrieve(conv.id).metadata == {"k": "v"}
+        ca.conversations.delete(conv.id)
+        with pytest.raises(openai.NotFoundError):
+            cb.conversations.items.list(conv.id)
 
 
 def _cut(url: str, body: dict[str, Any], events: int) -> tuple[str, bytes]:

@@ -20,7 +20,7 @@ from typing import Any
 from redline.api import responses_request as rq
 from redline.api import responses_truncation as truncation
 from redline.api.responses_output import DONE, Output
-from redline.api.responses_run import FINAL, OPEN, Run
+from redline.api.responses_run import FINAL, OPEN, Run, context_of
 from redline.errors import NotFound, Overloaded, RedlineError
 from redline.jobs.batch import RunContext
 from redline.jobs.model import Job, Status
@@ -82,10 +82,12 @@ class Background:
         body = rq.ResponsesRequest.model_validate(s["body"])
         snapshot: dict[str, Any] = s["response"]
         items, context = s["items"], s["context"]
-        gen = rq.generation(body, context + items, s["tier"], job.tenant, s["no_cache"])
         if ctx.attempt > 1:  # a crashed attempt's events: this run's stream replaces them
             await self.streams.journal.drop(job.id)
         try:
+            if rq.conversation_of(body) is not None:  # as it is now, with what ran since
+                context = await context_of(self.records, body, job.tenant)
+            gen = rq.generation(body, context + items, s["tier"], job.tenant, s["no_cache"])
             if self.gate is not None:  # counts against its tenant's limits, as jobs do
                 await self.gate.enter(job.tenant, gen, s.get("key"))
             completion = await truncation.complete(

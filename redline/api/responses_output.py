@@ -13,7 +13,7 @@ from typing import Any
 import orjson
 
 from redline.api.chunks import token_logprob
-from redline.api.responses_request import ResponsesRequest
+from redline.api.responses_request import ResponsesRequest, conversation_of
 from redline.types import Chunk, FinishReason, ToolCallDelta, Usage, new_id
 
 DONE = b"data: [DONE]\n\n"  # ends the journal's copy (streams/journal.py); clients stop at it
@@ -39,7 +39,7 @@ def response_json(body: ResponsesRequest, response_id: str, created_at: int, mod
     fmt = (body.text.format if body.text and body.text.format else None) or {"type": "text"}
     text = "".join(p["text"] for item in output if item["type"] == "message"
                    for p in item["content"] if p["type"] == "output_text")
-    return {
+    answer = {
         "id": response_id, "object": "response", "created_at": created_at, "status": status,
         "background": body.background, "error": error, "incomplete_details": incomplete,
         "instructions": body.instructions, "max_output_tokens": body.max_output_tokens,
@@ -53,6 +53,10 @@ def response_json(body: ResponsesRequest, response_id: str, created_at: int, mod
         "usage": None if status in ("queued", "in_progress") else usage_json(usage),
         "user": body.user, "metadata": body.metadata or {},
     }
+    conversation = conversation_of(body)
+    if conversation is not None:  # its input and output are added to it once it has run
+        answer["conversation"] = {"id": conversation}
+    return answer
 
 
 def outcome(finish: FinishReason | None, error: str | None) -> tuple[str, dict[str, Any] | None,

@@ -40,6 +40,7 @@ class ResponsesRequest(BaseModel):
     input: str | list[dict[str, Any]]
     instructions: str | None = None
     previous_response_id: str | None = None
+    conversation: Any = None  # a /v1/conversations id, or {"id": ...} (conversation_of)
     store: bool = True
     background: bool = False
     stream: bool = False
@@ -108,7 +109,26 @@ def parse(raw: bytes) -> ResponsesRequest:
         raise InvalidRequest("input is empty.", param="input")
     if body.previous_response_id == "":
         raise InvalidRequest("previous_response_id is empty.", param="previous_response_id")
+    if body.conversation is not None:
+        conversation_of(body)  # its shape
+        if body.previous_response_id is not None:
+            raise InvalidRequest("previous_response_id and conversation cannot be used "
+                                 "together.", param="conversation")
     return body
+
+
+def conversation_of(body: ResponsesRequest) -> str | None:
+    """The id of the conversation the request continues, if any."""
+    raw = body.conversation
+    if raw is None:
+        return None
+    if isinstance(raw, dict):
+        _known(raw, {"id"}, "conversation")
+        raw = raw.get("id")
+    if not isinstance(raw, str) or not raw:
+        raise InvalidRequest("conversation must be a conversation's id, or {\"id\": ...}.",
+                             param="conversation")
+    return raw
 
 
 # ---- input items -----------------------------------------------------------------
@@ -116,14 +136,20 @@ def parse(raw: bytes) -> ResponsesRequest:
 _PARTS = {"input_text", "input_image", "output_text", "refusal"}
 
 
-def normalize(raw: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The input as stored items: each with its id, type and status, content as parts."""
+def normalize(raw: str | list[dict[str, Any]], field: str = "input") -> list[dict[str, Any]]:
+    """The input as stored items: each with its id, type and status, content as parts.
+    `field`: the body's field they came in, for errors (a conversation's `items`)."""
     if isinstance(raw, str):
         return [_message("user", [{"type": "input_text", "text": raw}], None)]
     out = []
     for i, item in enumerate(raw):
+        if not isinstance(item, dict):
+            raise InvalidRequest(f"'{field}[{i}]' must be an item (an object).",
+                                 param=f"{field}[{i}]")
         kind = item.get("type", "message")
-        where = f"input[{i}]"
+        where = f"{field}[{i}]"
+        if item.get("id") is not None and (not isinstance(item["id"], str) or not item["id"]):
+            raise InvalidRequest(f"'{where}.id' must be a string.", param=f"{where}.id")
         if kind == "message":
             role = item.get("role")
             if role not in ("user", "system", "developer", "assistant"):

@@ -236,20 +236,28 @@ def _json(response: dict[str, Any]) -> Response:
 @router.get("/v1/responses/{response_id}/input_items", response_model=None)
 async def input_items(response_id: str, request: Request) -> dict[str, Any]:
     query = request.query_params
-    limit_raw, order, after = query.get("limit", "20"), query.get("order", "desc"), query.get("after")
+    record = await _records(request).get(response_id, tenant_of(request))
+    if record is None:
+        raise not_found(response_id)
+    return page(record.input, query.get("limit", "20"), query.get("order", "desc"),
+                query.get("after"), "this response")
+
+
+def page(items: list[dict[str, Any]], limit_raw: str, order: str, after: str | None,
+         where: str) -> dict[str, Any]:
+    """One page of a list of items, as OpenAI pages them: `limit` (1-100), `order` (asc or
+    desc), after the item whose id is `after`."""
     if not limit_raw.isdigit() or not 1 <= int(limit_raw) <= 100:
         raise InvalidRequest("limit must be between 1 and 100.", param="limit")
     if order not in ("asc", "desc"):
         raise InvalidRequest("order must be asc or desc.", param="order")
-    record = await _records(request).get(response_id, tenant_of(request))
-    if record is None:
-        raise not_found(response_id)
-    items = list(record.input) if order == "asc" else list(reversed(record.input))
+    items = list(items) if order == "asc" else list(reversed(items))
     if after is not None:
         at = next((i for i, item in enumerate(items) if item["id"] == after), None)
         if at is None:
-            raise InvalidRequest(f"No input item '{after}' in this response.", param="after")
+            raise InvalidRequest(f"No item '{after}' in {where}.", param="after")
         items = items[at + 1:]
-    page, limit = items[:int(limit_raw)], int(limit_raw)
-    return {"object": "list", "data": page, "first_id": page[0]["id"] if page else None,
-            "last_id": page[-1]["id"] if page else None, "has_more": len(items) > limit}
+    limit = int(limit_raw)
+    data = items[:limit]
+    return {"object": "list", "data": data, "first_id": data[0]["id"] if data else None,
+            "last_id": data[-1]["id"] if data else None, "has_more": len(items) > limit}

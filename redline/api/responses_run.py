@@ -14,7 +14,7 @@ from redline.api.responses_output import DONE, Output, outcome, response_json
 from redline.closing import aclose
 from redline.errors import InvalidRequest, NotFound
 from redline.pipeline import Completion
-from redline.responses import ResponseRecord, ResponseRecords
+from redline.responses import Conversations, ResponseRecord, ResponseRecords
 from redline.streams import Progress
 from redline.types import FinishReason
 
@@ -29,10 +29,26 @@ def not_found(response_id: str, param: str | None = None) -> NotFound:
     return NotFound(f"Response with id '{response_id}' not found.", param=param)
 
 
+def conversations_of(records: ResponseRecords) -> Conversations:
+    """The conversations kept beside the responses (same store, same TTL)."""
+    return Conversations(records.store, records.ttl_s)
+
+
+def conversation_not_found(conversation_id: str, param: str | None = None) -> NotFound:
+    return NotFound(f"Conversation with id '{conversation_id}' not found.", param=param)
+
+
 async def context_of(records: ResponseRecords, body: rq.ResponsesRequest,
                      tenant: str) -> list[dict[str, Any]]:
     """The conversation that `previous_response_id` continues (its items and output), or
-    none: a 404 for a response that is not the tenant's, a 400 for one still running."""
+    the items of the `conversation` it names, or none: a 404 for a response or a
+    conversation that is not the tenant's, a 400 for a response still running."""
+    conversation_id = rq.conversation_of(body)
+    if conversation_id is not None:
+        conversation = await conversations_of(records).get(conversation_id, tenant)
+        if conversation is None:
+            raise conversation_not_found(conversation_id, "conversation")
+        return await conversations_of(records).items(conversation)
     if body.previous_response_id is None:
         return []
     previous = await records.get(body.previous_response_id, tenant)
@@ -42,6 +58,22 @@ async def context_of(records: ResponseRecords, body: rq.ResponsesRequest,
         raise InvalidRequest(f"Response '{previous.id}' is still in progress.",
                              param="previous_response_id")
     return previous.chain()
+
+
+async def extend_conversation(records: ResponseRecords, body: rq.ResponsesRequest,
+                              tenant: str, status: str, items: list[dict[str, Any]],
+                              output: list[dict[str, Any]]) -> None:
+    """A response that ran (completed, or incomplete at its token limit) adds its input
+    and output items to its conversation, as OpenAI's does; a failed or cancelled one
+    adds nothing. `store: false` does not keep them out: the conversation is the state
+    the client asked for. A conversation deleted meanwhile stays deleted."""
+    conversation_id = rq.conversation_of(body)
+    if conversation_id is None or status not in ("completed", "incomplete"):
+        return
+    conversations = conversations_of(records)
+    conversation = await conversations.get(conversation_id, tenant)
+    if conversation is not None:
+        await conversations.append(conversation, [*items, *output])
 
 
 @contextmanager
@@ -85,11 +117,14 @@ class Run:
                              status, [])
 
     async def finish(self) -> dict[str, Any]:
-        """The whole Response, stored (when asked) before anyone sees it."""
+        """The whole Response, stored (when asked) before anyone sees it; its input and
+        output items added to its conversation, if it has one, before that too."""
         status, error, incomplete = outcome(self.finish_reason or "stop", self.error)
         answer = response_json(self.body, self.id, self.output.created_at,
                                self.completion.model, status, self.output.items,
                                self.completion.usage, error, incomplete)
+        await extend_conversation(self.records, self.body, self.completion.request.tenant,
+                                  status, self.items, self.output.items)
         if self.body.store:
             if self._in_progress is not None:  # never written over the final record
                 await asyncio.gather(self._in_progress, return_exceptions=True)
