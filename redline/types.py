@@ -38,6 +38,9 @@ class _NoExtra(dict[str, Any]):
 
 
 NO_EXTRA: Extra = _NoExtra()
+# OpenAI's string hints: in `extra` (a remote engine gets them as sent), and honoured by
+# every model (as the session and the end user), so they need no engine that passes fields on
+HINTS = ("prompt_cache_key", "safety_identifier")
 
 STAGES = ("queue", "cache", "route", "tokenize", "prefill", "decode", "detokenize", "total")
 
@@ -242,7 +245,15 @@ class GenerationRequest:
             out.add("logprobs")
         if any(m.images for m in self.messages or ()):
             out.add("vision")
+        if self.unmodelled():
+            out.add("fields")  # only an engine that is passed them (a remote one) serves them
         return frozenset(out)
+
+    def unmodelled(self) -> list[str]:
+        """The request's own fields that redline does not model (its `extra`, less the
+        hints every model honours): a remote engine gets them as sent; an embedded one
+        could only drop them, so it is never chosen for them."""
+        return [k for k in self.extra if k not in HINTS]
 
 
 @dataclass

@@ -266,3 +266,26 @@ def test_input_tokens_count_what_the_response_is_charged(gateway: Gateway) -> No
         with pytest.raises(openai.BadRequestError) as err:
             client.responses.input_tokens.count(**{**ask, **bad})
         assert err.value.body["param"] == param, err.value.body  # type: ignore[index]
+
+
+def test_reasoning_effort_reaches_a_remote_engine(gateway: Gateway) -> None:
+    """`reasoning.effort` goes to a remote engine as chat's `reasoning_effort` and is
+    echoed; the embedded engine does not reason (a 400 on the field), and a summary
+    other than 'auto' is refused: the engines give reasoning text, not summaries."""
+    client, _, url, up = gateway
+    r = client.responses.create(model="remote", input="hi", max_output_tokens=2,
+                                reasoning={"effort": "low", "summary": "auto"})
+    assert _sent(up)["reasoning_effort"] == "low"
+    assert r.reasoning is not None and r.reasoning.effort == "low"
+    assert r.reasoning.summary == "auto"
+    client.responses.create(model="remote", input="hi", max_output_tokens=2)
+    assert "reasoning_effort" not in _sent(up)
+    with pytest.raises(openai.BadRequestError) as local:
+        client.responses.create(model="local", input="hi", reasoning={"effort": "low"})
+    assert local.value.body["param"] == "reasoning.effort"  # type: ignore[index]
+    for body, param in [({"summary": "concise"}, "reasoning.summary"),
+                        ({"effort": "extreme"}, "reasoning.effort"),
+                        ({"budget": 5}, "reasoning.budget")]:
+        raw = httpx.post(f"{url}/v1/responses", headers={"Authorization": "Bearer key-a"},
+                         json={"model": "remote", "input": "x", "reasoning": body})
+        assert raw.status_code == 400 and raw.json()["error"]["param"] == param, raw.text

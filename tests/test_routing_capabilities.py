@@ -175,3 +175,58 @@ def test_the_api_answers_openai_shaped_400_and_completions_still_reach_the_base_
             assert r.status_code == 200 and r.headers["x-redline-model"] == "small", r.text
     assert backends["large"].calls == 1
 
+
+
+def with_fields(text: str, model: str = "auto", tier: Any = None,
+                **extra: Any) -> GenerationRequest:
+    return GenerationRequest(model=model, sampling=SamplingParams(max_tokens=3),
+                             messages=(Message("user", text),), tier=tier, extra=extra)
+
+
+async def fields_router(backends: dict[str, FakeBackend], **cfg: Any) -> Router:
+    """"small" is embedded (its fields would be dropped), "large" a remote engine."""
+    r = Router(backends, "small", RoutingConfig(**cfg), Metrics(),
+               capabilities={"small": ["chat", "completions"], "large": ["chat", "completions"]},
+               passes_fields=["large"])
+    await r.start()
+    return r
+
+
+async def test_fields_redline_does_not_model_only_reach_an_engine_that_is_passed_them() -> None:
+    """`auto`, the planner's choices and fallbacks send a request with a field redline
+    does not model (a remote engine's own, e.g. `reasoning_effort`) only to a model whose
+    engine gets it as sent, never to an embedded one that would drop it; the hints every
+    model honours do not count. Named, the embedded model is a 400 on the field."""
+    backends = fakes()
+    r = await fields_router(backends, fallbacks={"large": ["small"]})
+    for tier in (None, "S", "A", "B"):
+        for text in TEXTS:
+            _, order, _ = r.decide(with_fields(text, tier=tier, reasoning_effort="low"))
+            assert order == ["large"], (text, tier, order)
+            got = await r.open(r.plan(with_fields(text, tier=tier, reasoning_effort="low")))
+            assert got.model == "large"
+            await drain(got)
+    small_before = backends["small"].calls
+    got = await r.open(r.plan(with_fields("hi", prompt_cache_key="s1")))  # a hint only
+    assert got.model == "small"
+    await drain(got)
+    assert backends["small"].calls == small_before + 1
+    with pytest.raises(InvalidRequest) as err:
+        r.check(with_fields("hi", model="small", reasoning_effort="low", top_k_x=1))
+    assert err.value.param == "reasoning_effort"
+    # the remote model failing: no fallback to the embedded one for such a request
+    backends["large"].fail_rate = 1.0
+    with pytest.raises(Exception) as failed:
+        await r.open(r.plan(with_fields("hi", model="large", reasoning_effort="low")))
+    assert not isinstance(failed.value, InvalidRequest)
+    assert backends["small"].calls == small_before + 1
+
+
+async def test_auto_with_only_embedded_models_names_the_field() -> None:
+    r = Router(fakes(), "small", RoutingConfig(), Metrics(),
+               capabilities={"small": ["chat"], "large": ["chat"]})
+    await r.start()
+    with pytest.raises(InvalidRequest) as err:
+        r.check(with_fields("hi", reasoning_effort="high"))
+    assert err.value.param == "reasoning_effort"
+    assert "remote engine" in err.value.message

@@ -14,7 +14,6 @@ have changed the model; two copies of that check had drifted apart in their answ
 
 from __future__ import annotations
 
-from redline.api.schemas import HINTS
 from redline.config import ModelConfig, RedlineConfig
 from redline.engine.grammar import schema_grammar
 from redline.engine.tools import grammar as tool_grammar
@@ -41,7 +40,7 @@ def check(config: RedlineConfig, request: GenerationRequest) -> None:
 def _local(model: ModelConfig, request: GenerationRequest) -> None:
     """What the embedded engine serves: a 400 here, before routing, for a field it does
     not model or a schema its grammar cannot enforce (the backend checks them again)."""
-    unknown = [k for k in request.extra if k not in HINTS]  # hints: honoured (schemas.py)
+    unknown = request.unmodelled()
     if unknown:
         raise InvalidRequest(f"The model `{model.name}` (the embedded engine) does not "
                              f"serve '{unknown[0]}'.", param=unknown[0])

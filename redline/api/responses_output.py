@@ -53,6 +53,9 @@ def response_json(body: ResponsesRequest, response_id: str, created_at: int, mod
         "usage": None if status in ("queued", "in_progress") else usage_json(usage),
         "user": body.user, "metadata": body.metadata or {},
     }
+    if body.reasoning is not None:  # as asked (the summary's old name under its new one)
+        answer["reasoning"] = {"effort": body.reasoning.effort,
+                               "summary": body.reasoning.summary or body.reasoning.generate_summary}
     conversation = conversation_of(body)
     if conversation is not None:  # its input and output are added to it once it has run
         answer["conversation"] = {"id": conversation}

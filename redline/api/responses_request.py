@@ -15,7 +15,9 @@ from redline.api import schemas
 from redline.errors import InvalidRequest
 from redline.routing.names import parse_tier
 from redline.types import (
+    NO_EXTRA,
     ContentPart,
+    Extra,
     FunctionTool,
     GenerationRequest,
     Message,
@@ -31,6 +33,16 @@ class TextConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     format: dict[str, Any] | None = None
+
+
+class ReasoningConfig(BaseModel):
+    """`reasoning`: the effort goes to a remote engine as chat's `reasoning_effort` (vLLM
+    and SGLang take it for their reasoning models); the embedded models do not reason."""
+    model_config = ConfigDict(extra="forbid")
+
+    effort: Literal["none", "minimal", "low", "medium", "high", "xhigh"] | None = None
+    summary: Literal["auto", "concise", "detailed"] | None = None
+    generate_summary: Literal["auto", "concise", "detailed"] | None = None  # the old name
 
 
 class ResponsesRequest(BaseModel):
@@ -55,6 +67,7 @@ class ResponsesRequest(BaseModel):
     user: str | None = None
     truncation: Literal["disabled", "auto"] | None = None
     include: list[str] | None = None
+    reasoning: ReasoningConfig | None = None
     top_logprobs: int | None = Field(None, ge=0, le=20)
     prompt_cache_key: str | None = Field(None, min_length=1, max_length=256)  # a session
     safety_identifier: str | None = Field(None, min_length=1, max_length=256)  # the end user
@@ -105,6 +118,13 @@ def parse(raw: bytes) -> ResponsesRequest:
         if what not in INCLUDABLE:
             raise InvalidRequest(f"Invalid value for 'include[{i}]': {what!r}.",
                                  param=f"include[{i}]")
+    if body.reasoning is not None:
+        for name in ("summary", "generate_summary"):
+            if getattr(body.reasoning, name) in ("concise", "detailed"):
+                raise InvalidRequest(
+                    "The engines behind redline give a reasoning model's own text (the "
+                    "reasoning item's content), never a summary of it: use 'auto' or none.",
+                    param=f"reasoning.{name}")
     if isinstance(body.input, list) and not body.input:
         raise InvalidRequest("input is empty.", param="input")
     if body.previous_response_id == "":
@@ -277,7 +297,14 @@ def generation(body: ResponsesRequest, items: list[dict[str, Any]], tier: str | 
         tools=tools, tool_choice=_tool_choice(body.tool_choice, tools),
         parallel_tool_calls=body.parallel_tool_calls,
         response_format=_format(body.text.format if body.text else None),
-        max_tokens_field="max_completion_tokens")
+        max_tokens_field="max_completion_tokens", extra=_extra(body))
+
+
+def _extra(body: ResponsesRequest) -> Extra:
+    """What a remote engine gets beyond the typed request: chat's `reasoning_effort`
+    (the embedded engine refuses it, as it refuses any field it does not serve)."""
+    effort = body.reasoning.effort if body.reasoning else None
+    return NO_EXTRA if effort is None else {"reasoning_effort": effort}
 
 
 def _tools(raw: list[dict[str, Any]] | None) -> tuple[FunctionTool, ...]:

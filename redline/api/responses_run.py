@@ -20,7 +20,8 @@ from redline.types import FinishReason
 
 OPEN = ("queued", "in_progress")
 # chat's field names in capability errors, as the Responses API names them
-_PARAMS = {"messages": "input", "response_format": "text.format"}
+_PARAMS = {"messages": "input", "response_format": "text.format",
+           "reasoning_effort": "reasoning.effort"}
 FINAL = {"completed": "response.completed", "incomplete": "response.incomplete",
          "failed": "response.failed", "cancelled": "response.failed"}
 

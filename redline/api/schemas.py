@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from redline.errors import InvalidRequest
 from redline.routing.names import parse_tier
 from redline.types import (
+    HINTS,
     NO_EXTRA,
     Extra,
     FunctionTool,
@@ -187,7 +188,6 @@ class _SamplingFields(_Open):
         return gen
 
 
-HINTS = ("prompt_cache_key", "safety_identifier")  # see `_request`; capabilities.py
 
 
 def hint(fields: Mapping[str, Any], name: str) -> str | None:

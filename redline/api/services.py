@@ -142,7 +142,8 @@ def build(config: RedlineConfig, backends: Mapping[str, Backend] | None = None,
     threads = library_threads(config.server.library_threads,
                               [b.info.kind for b in backends.values()])
     router = Router(backends, default, config.routing, metrics, embedder_threads=threads,
-                    capabilities={m.name: m.effective_capabilities() for m in config.models})
+                    capabilities={m.name: m.effective_capabilities() for m in config.models},
+                    passes_fields=[m.name for m in config.models if m.backend == "openai"])
     store = open_store(config.store.url or "memory://")  # the one store: caches, journals, ...
     questions = question_judge(config.cache, config.models)
     if config.cache.judge == "questions" and questions is None:

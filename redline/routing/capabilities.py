@@ -13,7 +13,7 @@ model; the api adds only what is not a capability (n, the embedded engine's fiel
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 
 from redline.config import REMOTE_CAPABILITIES
 from redline.errors import InvalidRequest
@@ -24,6 +24,9 @@ _KINDS = frozenset(("chat", "completions"))
 # the request field that asks for each capability other than the kind, named in the 400
 _PARAM = {"tools": "tools", "json_schema": "response_format", "vision": "messages",
           "logprobs": "logprobs"}
+# the request's own fields that redline does not model (GenerationRequest.unmodelled):
+# served only by an engine that is passed them, i.e. a remote one; the 400 names the field
+FIELDS = "fields"
 
 
 def required(request: GenerationRequest) -> frozenset[str]:
@@ -36,11 +39,16 @@ class Capabilities:
     """Capabilities by model name; a model not listed is asked for everything (its
     backend decides, as a remote engine does)."""
 
-    def __init__(self, by_model: Mapping[str, Iterable[str]] | None = None) -> None:
-        self._by_model = {name: frozenset(caps) for name, caps in (by_model or {}).items()}
+    def __init__(self, by_model: Mapping[str, Iterable[str]] | None = None,
+                 passes_fields: Iterable[str] = ()) -> None:
+        """`passes_fields`: the models whose engine is sent fields redline does not model
+        (remote ones); a model not listed in `by_model` is one of them."""
+        passes = frozenset(passes_fields)
+        self._by_model = {name: frozenset(caps) | ({FIELDS} if name in passes else set())
+                          for name, caps in (by_model or {}).items()}
 
     def of(self, model: str) -> frozenset[str]:
-        return self._by_model.get(model, REMOTE_CAPABILITIES)
+        return self._by_model.get(model, REMOTE_CAPABILITIES | {FIELDS})
 
     def serves(self, model: str, needs: frozenset[str]) -> bool:
         return needs <= self.of(model)
@@ -49,12 +57,16 @@ class Capabilities:
         """`models` in their order, less those that lack something `needs`."""
         return [m for m in models if self.serves(m, needs)]
 
-    def check(self, model: str, needs: frozenset[str]) -> None:
-        """A 400 naming what `model` lacks, when it lacks anything `needs`."""
+    def check(self, model: str, needs: frozenset[str], fields: Sequence[str] = ()) -> None:
+        """A 400 naming what `model` lacks, when it lacks anything `needs`; `fields`: the
+        request's unmodelled fields, one of which is named when that is what it lacks."""
         missing = needs - self.of(model)
         if not missing:
             return
         has = self.of(model)
+        if missing == {FIELDS}:
+            raise _unserved(f"The model `{model}` (the embedded engine) does not serve", fields)
+        missing -= {FIELDS}
         if not missing & _KINDS:  # the right kind of model, without a feature asked for
             lacking = sorted(missing)
             raise InvalidRequest(f"The model `{model}` does not support {', '.join(lacking)}.",
@@ -69,8 +81,14 @@ class Capabilities:
             f"(it serves: {', '.join(sorted(has)) or 'nothing'}).",
             param="model", code="model_not_supported")
 
-    def none_serves(self, models: Iterable[str], needs: frozenset[str]) -> InvalidRequest:
+    def none_serves(self, models: Iterable[str], needs: frozenset[str],
+                    fields: Sequence[str] = ()) -> InvalidRequest:
         """The 400 for `auto` when none of `models` serves all of `needs`."""
+        models = list(models)
+        if FIELDS in needs and self.only(models, needs - {FIELDS}):
+            return _unserved("No model here that could answer this (only embedded ones) "
+                             "serves", fields)
+        needs -= {FIELDS}
         lacking = sorted(needs - frozenset().union(*(self.of(m) for m in models)))
         if lacking and not _KINDS & set(lacking):  # a feature no model has: name its field
             return InvalidRequest(f"No model here serves {', '.join(lacking)}.",
@@ -78,3 +96,9 @@ class Capabilities:
         return InvalidRequest(
             f"No configured model serves {', '.join(sorted(needs))}; name a model that does.",
             param="model", code="model_not_supported")
+
+
+def _unserved(what: str, fields: Sequence[str]) -> InvalidRequest:
+    name = fields[0] if fields else None
+    return InvalidRequest(f"{what} '{name}': it is passed on only to a remote engine.",
+                          param=name)

@@ -97,10 +97,11 @@ class Router:
     def __init__(self, backends: Mapping[str, Backend], default_model: str, config: RoutingConfig,
                  metrics: Metrics, classifier: Classifier | None = None,
                  embedder_threads: int = 1,
-                 capabilities: Mapping[str, Iterable[str]] | None = None) -> None:
+                 capabilities: Mapping[str, Iterable[str]] | None = None,
+                 passes_fields: Iterable[str] = ()) -> None:
         self.backends = dict(backends)
         # what each model serves (config); `auto`, rules and fallbacks pick only among these
-        self.capabilities = Capabilities(capabilities)
+        self.capabilities = Capabilities(capabilities, passes_fields)
         self.embedder_threads = embedder_threads  # torch's, for the embeddings classifier
         self.default_model = default_model
         self.cfg = config
@@ -174,9 +175,9 @@ class Router:
         check_model(name, self.backends)
         needs = required(request)
         if name != AUTO:
-            self.capabilities.check(name, needs)
+            self.capabilities.check(name, needs, request.unmodelled())
         elif not self.capabilities.only(self._by_size, needs):
-            raise self.capabilities.none_serves(self._by_size, needs)
+            raise self.capabilities.none_serves(self._by_size, needs, request.unmodelled())
         return needs
 
     def _first_serving(self, needs: frozenset[str]) -> str:
