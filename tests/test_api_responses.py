@@ -176,7 +176,9 @@ def test_store_false_keeps_nothing(gateway: Gateway) -> None:
     ({"notify": {"webhook": "https://example.com/hook"}}, "notify"),
     ({"background": True, "notify": {"sms": "+1"}}, "notify.sms"),
     ({"input": []}, "input"),
-    ({"include": ["reasoning.encrypted_content"]}, "include[0]"),
+    ({"input": [{"type": "reasoning", "summary": "x"}]}, "input[0].summary"),
+    ({"input": [{"type": "reasoning", "summary": [{"type": "summary_text", "text": "a"}],
+                 "content": [{"type": "text", "text": "b"}]}]}, "input[0].content[0]"),
     ({"include": ["message.output_text.logprobs", "nonsense"]}, "include[1]"),
     ({"top_logprobs": 21}, "top_logprobs"),
     # the embedded engine constrains json_schema by grammar: a keyword it cannot enforce
@@ -289,3 +291,22 @@ def test_reasoning_effort_reaches_a_remote_engine(gateway: Gateway) -> None:
         raw = httpx.post(f"{url}/v1/responses", headers={"Authorization": "Bearer key-a"},
                          json={"model": "remote", "input": "x", "reasoning": body})
         assert raw.status_code == 400 and raw.json()["error"]["param"] == param, raw.text
+
+
+def test_a_stateless_client_sends_a_reasoning_models_output_back(gateway: Gateway) -> None:
+    """store: false with include reasoning.encrypted_content, as stateless agent clients
+    send it: the reasoning item of a remote reasoning model's answer comes back as input
+    next turn and is taken (kept, never replayed to the engine: it gets the messages)."""
+    client, _, _, up = gateway
+    ask = {"model": "remote", "store": False, "max_output_tokens": 6,
+           "reasoning": {"effort": "low"}, "include": ["reasoning.encrypted_content"]}
+    first = client.responses.create(input="first", **ask)  # type: ignore[call-overload]
+    kinds = [o.type for o in first.output]
+    assert kinds[0] == "reasoning" and "message" in kinds
+    history = [{"role": "user", "content": "first"},
+               *[o.model_dump(exclude_none=True) for o in first.output],
+               {"role": "user", "content": "second"}]
+    client.responses.create(input=history, **ask)  # type: ignore[call-overload]
+    sent = _sent(up)["messages"]
+    assert [m["role"] for m in sent] == ["user", "assistant", "user"]
+    assert sent[1]["content"] == first.output_text

@@ -78,10 +78,14 @@ class ResponsesRequest(BaseModel):
 
 
 # `include` values: the logprobs of output text (served), and those that add to items of
-# tools redline does not serve or to input images kept as sent (nothing to add here)
+# tools redline does not serve or to input images kept as sent (nothing to add here), or
+# encrypted reasoning for a stateless client to send back: redline never sends a past
+# turn's reasoning to an engine (reasoning items given as input are kept, not replayed),
+# so there is nothing to carry, and a reasoning item's `encrypted_content` is null
 LOGPROBS = "message.output_text.logprobs"
+ENCRYPTED = "reasoning.encrypted_content"
 INCLUDABLE = frozenset({
-    LOGPROBS, "message.input_image.image_url", "file_search_call.results",
+    LOGPROBS, ENCRYPTED, "message.input_image.image_url", "file_search_call.results",
     "web_search_call.results", "web_search_call.action.sources",
     "code_interpreter_call.outputs", "computer_call_output.output.image_url"})
 
@@ -111,10 +115,6 @@ def parse(raw: bytes) -> ResponsesRequest:
             raise InvalidRequest(f"Unknown parameter: 'notify.{unknown[0]}'.",
                                  param=f"notify.{unknown[0]}")
     for i, what in enumerate(body.include or ()):
-        if what == "reasoning.encrypted_content":
-            raise InvalidRequest("redline keeps no encrypted reasoning to hand back: keep the "
-                                 "conversation with store=true and previous_response_id.",
-                                 param=f"include[{i}]")
         if what not in INCLUDABLE:
             raise InvalidRequest(f"Invalid value for 'include[{i}]': {what!r}.",
                                  param=f"include[{i}]")
@@ -195,11 +195,35 @@ def normalize(raw: str | list[dict[str, Any]], field: str = "input") -> list[dic
             out.append({"id": item.get("id") or new_id("fco").replace("-", "_"),
                         "type": "function_call_output", "status": "completed",
                         "call_id": item["call_id"], "output": item["output"]})
+        elif kind == "reasoning":  # a reasoning model's output, given back: kept, not replayed
+            _known(item, {"type", "id", "summary", "content", "encrypted_content", "status"},
+                   where)
+            out.append({"id": item.get("id") or new_id("rs").replace("-", "_"),
+                        "type": "reasoning",
+                        "summary": _texts(item.get("summary"), "summary_text", f"{where}.summary"),
+                        **({"content": _texts(item["content"], "reasoning_text",
+                                              f"{where}.content")}
+                           if item.get("content") is not None else {}),
+                        **({"encrypted_content": item["encrypted_content"]}
+                           if isinstance(item.get("encrypted_content"), str) else {})})
         else:
             raise InvalidRequest(f"Invalid value for '{where}.type': {kind!r}; served are "
-                                 "message, function_call and function_call_output.",
+                                 "message, function_call, function_call_output and reasoning.",
                                  param=f"{where}.type")
     return out
+
+
+def _texts(raw: Any, kind: str, where: str) -> list[dict[str, Any]]:
+    """A reasoning item's summary or content: a list of `{"type": kind, "text"}` parts."""
+    if not isinstance(raw, list):
+        raise InvalidRequest(f"'{where}' must be a list of {kind} parts.", param=where)
+    for j, part in enumerate(raw):
+        if not isinstance(part, dict) or part.get("type") != kind \
+                or not isinstance(part.get("text"), str):
+            raise InvalidRequest(f"'{where}[{j}]' must be {{\"type\": \"{kind}\", \"text\": ...}}.",
+                                 param=f"{where}[{j}]")
+        _known(part, {"type", "text"}, f"{where}[{j}]")
+    return [dict(p) for p in raw]
 
 
 def _known(item: dict[str, Any], known: set[str], where: str) -> None:
