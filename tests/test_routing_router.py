@@ -17,7 +17,7 @@ from redline.config import RouteRule, RoutingConfig, TierBudget
 from redline.errors import BackendError, ModelNotFound, Overloaded
 from redline.routing.router import Routed, Router
 from redline.telemetry.metrics import Metrics
-from redline.types import GenerationRequest, Message, SamplingParams
+from redline.types import FunctionTool, GenerationRequest, Message, ResponseFormat, SamplingParams
 
 
 def req(text: str, model: str = "auto", tier: Any = None, n: int = 4) -> GenerationRequest:
@@ -111,6 +111,27 @@ async def test_shortens_tier_s_answers_that_cannot_fit(two: dict[str, FakeBacken
     got = await route(r, req("tell me everything", model="small", tier="S", n=500))
     text = await drain(got)
     assert got.degraded and len(text.split()) == 51  # (3 s − 0.5 s) / 0.05 s + 1
+
+
+async def test_structured_answers_are_never_shortened(two: dict[str, FakeBackend]) -> None:
+    """A tool call or a JSON document cut at a token cap is no answer (an agent client
+    sent a tier-S turn and got half a tool call): such a request keeps its max_tokens,
+    predicted late or not, while the same question in plain text is shortened."""
+    r = await router({"small": two["small"]}, classifier="off")
+    stats = r.estimates.of(two["small"])
+    for _ in range(10):
+        stats.observe_ttft(0.5, 0, 10)
+        stats.observe_output(500)
+    stats.tpot_s = 0.05
+    plain = r.plan(req("tell me everything", model="small", tier="S", n=500))
+    assert plain.degraded and plain.request.sampling.max_tokens == 51
+    tools = req("tell me everything", model="small", tier="S", n=500)
+    tools.tools = (FunctionTool("f", None, {"type": "object"}),)
+    schema = req("tell me everything", model="small", tier="S", n=500)
+    schema.response_format = ResponseFormat("json_object")
+    for structured in (tools, schema):
+        planned = r.plan(structured)
+        assert planned.degraded and planned.request.sampling.max_tokens == 500
 
 
 async def test_allow_background_turns_a_predicted_miss_into_would_miss(

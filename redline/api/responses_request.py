@@ -71,6 +71,9 @@ class ResponsesRequest(BaseModel):
     top_logprobs: int | None = Field(None, ge=0, le=20)
     prompt_cache_key: str | None = Field(None, min_length=1, max_length=256)  # a session
     safety_identifier: str | None = Field(None, min_length=1, max_length=256)  # the end user
+    # about the client, for the provider's own records (Codex CLI sends its turn's ids on
+    # every call): taken, and not used (nothing in it bears on the answer)
+    client_metadata: dict[str, str] | None = None
     # redline's extensions, as on chat completions
     tier: Literal["S", "A", "B", "auto"] | None = None
     cache: bool | None = None

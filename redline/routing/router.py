@@ -233,9 +233,11 @@ class Router:
         # a larger one while the cores have room
         crowded = frozenset(m for m in candidates if self._crowded(m, tier)) if within \
             else frozenset()
+        # a tool call or a JSON document cut short is no answer: those are never shortened
+        shorten = self.cfg.shorten and not request.needs() & {"tools", "json_schema"}
         return plan(tier, self._budgets[tier], candidates,
                     lambda m: self.predict(m, n_prompt, max_tokens, tier, request), max_tokens, tpot_of,
-                    self.cfg.shorten, within, crowded)
+                    shorten, within, crowded)
 
     def _crowded(self, model: str, tier: str) -> bool:
         """Every replica of `model` is on shared cores with no room for a dearer model:
