@@ -310,3 +310,15 @@ def test_a_stateless_client_sends_a_reasoning_models_output_back(gateway: Gatewa
     sent = _sent(up)["messages"]
     assert [m["role"] for m in sent] == ["user", "assistant", "user"]
     assert sent[1]["content"] == first.output_text
+
+
+def test_codex_client_metadata_is_taken(gateway: Gateway) -> None:
+    """Codex CLI sends `client_metadata` (its turn's ids, as strings) on every call."""
+    client, _, url, up = gateway
+    r = client.responses.create(model="remote", input="hi", max_output_tokens=2,
+                                extra_body={"client_metadata": {"x-codex-turn-metadata": "{}",
+                                                                "thread_id": "t1"}})
+    assert r.status == "incomplete" and "client_metadata" not in _sent(up)
+    bad = httpx.post(f"{url}/v1/responses", json={"model": "remote", "input": "x",
+                                                  "client_metadata": {"n": 5}})
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "client_metadata.n"
