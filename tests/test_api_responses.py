@@ -177,6 +177,9 @@ def test_store_false_keeps_nothing(gateway: Gateway) -> None:
     ({"background": True, "notify": {"sms": "+1"}}, "notify.sms"),
     ({"input": []}, "input"),
     ({"input": [{"type": "reasoning", "summary": "x"}]}, "input[0].summary"),
+    ({"tools": [{"type": "namespace", "name": "crm", "description": "d"}]}, "tools[0]"),
+    ({"tools": [{"type": "namespace", "name": "crm", "description": "d", "tools": [
+        {"type": "custom", "name": "patch"}]}]}, "tools[0].tools[0].type"),
     ({"input": [{"type": "reasoning", "summary": [{"type": "summary_text", "text": "a"}],
                  "content": [{"type": "text", "text": "b"}]}]}, "input[0].content[0]"),
     ({"include": ["message.output_text.logprobs", "nonsense"]}, "include[1]"),
@@ -322,3 +325,37 @@ def test_codex_client_metadata_is_taken(gateway: Gateway) -> None:
     bad = httpx.post(f"{url}/v1/responses", json={"model": "remote", "input": "x",
                                                   "client_metadata": {"n": 5}})
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "client_metadata.n"
+
+
+CRM = {"type": "namespace", "name": "crm", "description": "The customer records.",
+       "tools": [{"type": "function", "name": "lookup", "description": "Find a customer.",
+                  "parameters": {"type": "object", "properties": {"who": {"type": "string"}},
+                                 "required": ["who"]}}]}
+
+
+def test_namespace_tools(gateway: Gateway) -> None:
+    """Function tools grouped in a `namespace` (Codex CLI sends its sub-agent tools so):
+    the engine gets each as one function (`crm__lookup`, the namespace's description
+    before its own), and the call comes back split into `namespace` and `name`, whole and
+    streamed; given back as input, it is the engine's function again."""
+    client, _, _, up = gateway
+    r = client.responses.create(model="remote", input="Find Ada.", tools=[CRM],
+                                tool_choice={"type": "function", "name": "lookup",
+                                             "namespace": "crm"})
+    sent = _sent(up)
+    assert [t["function"]["name"] for t in sent["tools"]] == ["crm__lookup"]
+    assert sent["tools"][0]["function"]["description"] == "The customer records. Find a customer."
+    assert sent["tool_choice"] == {"type": "function", "function": {"name": "crm__lookup"}}
+    call = r.output[-1].model_dump(exclude_none=True)
+    assert call["type"] == "function_call" and call["name"] == "lookup"
+    assert call["namespace"] == "crm"
+    events = list(client.responses.create(model="remote", input="Find Ada.", tools=[CRM],
+                                          tool_choice="required", stream=True))
+    added = next(e for e in events if e.type == "response.output_item.added")
+    assert (added.item.name, added.item.namespace) == ("lookup", "crm")  # type: ignore[union-attr]
+    done = next(e for e in events if e.type == "response.function_call_arguments.done")
+    assert done.name == "lookup"
+    client.responses.create(model="remote", tools=[CRM], input=[
+        {"role": "user", "content": "Find Ada."}, call,
+        {"type": "function_call_output", "call_id": call["call_id"], "output": "found"}])
+    assert _sent(up)["messages"][1]["tool_calls"][0]["function"]["name"] == "crm__lookup"

@@ -82,7 +82,11 @@ class Output:
     One item is open at a time (text, reasoning, or a tool call by its index), so each
     item's deltas are contiguous, in the order the model produced them."""
 
-    def __init__(self) -> None:
+    def __init__(self, namespaced: dict[str, tuple[str, str]] | None = None) -> None:
+        """`namespaced`: the engine's names of namespaced functions -> (namespace, name),
+        which a function_call item gives apart, as OpenAI's does."""
+        self.namespaced = namespaced or {}
+        self._flat = ""  # the open function call's name as the engine gives it
         self.items: list[dict[str, Any]] = []
         self.seq = -1
         self._open: tuple[str, int] | None = None
@@ -144,18 +148,28 @@ class Output:
     def _call(self, d: ToolCallDelta, redline: dict[str, Any] | None) -> list[bytes]:
         out: list[bytes] = []
         if self._open != ("call", d.index):
+            self._flat = d.name or ""
             out += self._start(("call", d.index), {
                 "id": _id("fc"), "type": "function_call", "status": "completed",
-                "call_id": d.id or _id("call"), "name": d.name or "", "arguments": ""}, redline)
+                "call_id": d.id or _id("call"), **self._named(self._flat), "arguments": ""},
+                redline)
         item = self.items[-1]
-        if d.name and item["name"] != d.name and d.id is None:
-            item["name"] += d.name  # a name streamed in pieces
+        if d.name and self._flat != d.name and d.id is None:
+            self._flat += d.name  # a name streamed in pieces
+            item.pop("namespace", None)
+            item.update(self._named(self._flat))
         if d.arguments:
             item["arguments"] += d.arguments
             out.append(self.event("response.function_call_arguments.delta", {
                 "item_id": item["id"], "output_index": self._at, "delta": d.arguments}
                 | _rl(redline)))
         return out
+
+    def _named(self, flat: str) -> dict[str, str]:
+        """A function call's name as the client named the function: a namespaced one's
+        engine name given apart into its namespace and its own name."""
+        space = self.namespaced.get(flat)
+        return {"name": flat} if space is None else {"name": space[1], "namespace": space[0]}
 
     def close(self) -> list[bytes]:
         """The ...done events of the open item."""

@@ -181,15 +181,20 @@ def normalize(raw: str | list[dict[str, Any]], field: str = "input") -> list[dic
             _known(item, {"type", "role", "content", "id", "status"}, where)
             out.append(_message(role, _parts(item.get("content"), role, where), item.get("id")))
         elif kind == "function_call":
-            _known(item, {"type", "call_id", "name", "arguments", "id", "status"}, where)
+            _known(item, {"type", "call_id", "name", "arguments", "id", "status", "namespace"},
+                   where)
             for key in ("call_id", "name", "arguments"):
                 if not isinstance(item.get(key), str):
                     raise InvalidRequest(f"'{where}.{key}' must be a string.",
                                          param=f"{where}.{key}")
+            space = item.get("namespace")
+            if space is not None and (not isinstance(space, str) or not space):
+                raise InvalidRequest(f"'{where}.namespace' must be a string.",
+                                     param=f"{where}.namespace")
             out.append({"id": item.get("id") or new_id("fc").replace("-", "_"),
                         "type": "function_call", "status": "completed",
                         "call_id": item["call_id"], "name": item["name"],
-                        "arguments": item["arguments"]})
+                        "arguments": item["arguments"], **({"namespace": space} if space else {})})
         elif kind == "function_call_output":
             _known(item, {"type", "call_id", "output", "id", "status"}, where)
             if not isinstance(item.get("call_id"), str) or not isinstance(item.get("output"), str):
@@ -278,7 +283,8 @@ def messages(items: list[dict[str, Any]]) -> list[Message]:
     for item in items:
         kind = item["type"]
         if kind == "function_call":
-            call = ToolCall(item["call_id"], item["name"], item["arguments"])
+            call = ToolCall(item["call_id"], flat_name(item.get("namespace"), item["name"]),
+                            item["arguments"])
             if out and out[-1].role == "assistant":
                 out[-1] = dataclasses.replace(out[-1], tool_calls=(*out[-1].tool_calls, call))
             else:
@@ -337,20 +343,57 @@ def _extra(body: ResponsesRequest) -> Extra:
 def _tools(raw: list[dict[str, Any]] | None) -> tuple[FunctionTool, ...]:
     out = []
     for i, tool in enumerate(raw or ()):
-        if tool.get("type") != "function":
-            raise InvalidRequest(f"Invalid value for 'tools[{i}].type': {tool.get('type')!r}; "
-                                 "only 'function' tools are served.", param=f"tools[{i}].type")
-        _known(tool, {"type", "name", "description", "parameters", "strict"}, f"tools[{i}]")
-        name = tool.get("name")
-        if not isinstance(name, str) or not name:
-            raise InvalidRequest("A function tool needs a name.", param=f"tools[{i}].name")
-        params = tool.get("parameters")
-        if params is not None:
-            schemas.check_schema(params, f"tools[{i}].parameters")
-        description, strict = tool.get("description"), tool.get("strict")
-        out.append(FunctionTool(name, description if isinstance(description, str) else None,
-                                params, strict if isinstance(strict, bool) else None))
+        if tool.get("type") == "namespace":  # function tools grouped under a name
+            _known(tool, {"type", "name", "description", "tools"}, f"tools[{i}]")
+            space, about, inner = tool.get("name"), tool.get("description"), tool.get("tools")
+            if not isinstance(space, str) or not space or not isinstance(inner, list):
+                raise InvalidRequest("A namespace tool needs a name and a list of tools.",
+                                     param=f"tools[{i}]")
+            for j, member in enumerate(inner):
+                fn = _function(member, f"tools[{i}].tools[{j}]")
+                described = " ".join(d for d in (about, fn.description)
+                                     if isinstance(d, str) and d)
+                out.append(dataclasses.replace(fn, name=flat_name(space, fn.name),
+                                               description=described or None))
+            continue
+        out.append(_function(tool, f"tools[{i}]"))
     return tuple(out)
+
+
+def _function(tool: Any, where: str) -> FunctionTool:
+    kind = tool.get("type") if isinstance(tool, dict) else None
+    if kind != "function":
+        raise InvalidRequest(f"Invalid value for '{where}.type': {kind!r}; only 'function' "
+                             "tools (and namespaces of them) are served.", param=f"{where}.type")
+    _known(tool, {"type", "name", "description", "parameters", "strict"}, where)
+    name = tool.get("name")
+    if not isinstance(name, str) or not name:
+        raise InvalidRequest("A function tool needs a name.", param=f"{where}.name")
+    params = tool.get("parameters")
+    if params is not None:
+        schemas.check_schema(params, f"{where}.parameters")
+    description, strict = tool.get("description"), tool.get("strict")
+    return FunctionTool(name, description if isinstance(description, str) else None,
+                        params, strict if isinstance(strict, bool) else None)
+
+
+# a namespace's function as the engine sees it: one name, valid wherever OpenAI's
+# function-name rule (letters, digits, _ and -) is enforced; a call back to its two parts
+NAMESPACE_SEP = "__"
+
+
+def flat_name(namespace: str | None, name: str) -> str:
+    return name if not namespace else f"{namespace}{NAMESPACE_SEP}{name}"
+
+
+def namespaced(body: ResponsesRequest) -> dict[str, tuple[str, str]]:
+    """The request's namespaced functions: the engine's name -> (namespace, name)."""
+    out = {}
+    for tool in body.tools or ():
+        if tool.get("type") == "namespace":
+            for member in tool.get("tools") or ():
+                out[flat_name(tool["name"], member["name"])] = (tool["name"], member["name"])
+    return out
 
 
 def _tool_choice(raw: str | dict[str, Any] | None,
@@ -359,11 +402,13 @@ def _tool_choice(raw: str | dict[str, Any] | None,
         return None
     if isinstance(raw, str):
         return schemas.tool_choice_mode(raw, tools)
-    name = raw.get("name")
-    if raw.get("type") != "function" or not isinstance(name, str):
+    name, space = raw.get("name"), raw.get("namespace")
+    if raw.get("type") != "function" or not isinstance(name, str) \
+            or not isinstance(space, str | None):
         raise InvalidRequest("tool_choice must be none, auto, required or "
-                             '{"type": "function", "name": ...}.', param="tool_choice")
-    return schemas.named_tool(name, tools, "tool_choice.name")
+                             '{"type": "function", "name": ..., "namespace"?: ...}.',
+                             param="tool_choice")
+    return schemas.named_tool(flat_name(space, name), tools, "tool_choice.name")
 
 
 def _format(raw: dict[str, Any] | None) -> ResponseFormat | None:

@@ -98,7 +98,7 @@ class Run:
                  first: str = "in_progress") -> None:
         self.body, self.id, self.completion = body, response_id, completion
         self.records, self.items, self.context = records, items, context
-        self.output = Output()
+        self.output = Output(rq.namespaced(body))
         if created_at is not None:
             self.output.created_at = created_at
         self.first = first
