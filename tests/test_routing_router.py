@@ -101,13 +101,20 @@ async def test_planner_moves_off_a_model_that_would_miss_the_budget(two: dict[st
     await drain(got)
 
 
-async def test_shortens_tier_s_answers_that_cannot_fit(two: dict[str, FakeBackend]) -> None:
+async def slow_small(two: dict[str, FakeBackend]) -> Router:
+    """A router over "small", seen to answer 500 tokens at 0.5 s TTFT and 50 ms a token:
+    a tier-S answer of that length misses its 3 s total."""
     r = await router({"small": two["small"]}, classifier="off")
     stats = r.estimates.of(two["small"])
     for _ in range(10):
         stats.observe_ttft(0.5, 0, 10)
         stats.observe_output(500)
     stats.tpot_s = 0.05
+    return r
+
+
+async def test_shortens_tier_s_answers_that_cannot_fit(two: dict[str, FakeBackend]) -> None:
+    r = await slow_small(two)
     got = await route(r, req("tell me everything", model="small", tier="S", n=500))
     text = await drain(got)
     assert got.degraded and len(text.split()) == 51  # (3 s − 0.5 s) / 0.05 s + 1
@@ -117,12 +124,7 @@ async def test_structured_answers_are_never_shortened(two: dict[str, FakeBackend
     """A tool call or a JSON document cut at a token cap is no answer (an agent client
     sent a tier-S turn and got half a tool call): such a request keeps its max_tokens,
     predicted late or not, while the same question in plain text is shortened."""
-    r = await router({"small": two["small"]}, classifier="off")
-    stats = r.estimates.of(two["small"])
-    for _ in range(10):
-        stats.observe_ttft(0.5, 0, 10)
-        stats.observe_output(500)
-    stats.tpot_s = 0.05
+    r = await slow_small(two)
     plain = r.plan(req("tell me everything", model="small", tier="S", n=500))
     assert plain.degraded and plain.request.sampling.max_tokens == 51
     tools = req("tell me everything", model="small", tier="S", n=500)
