@@ -41,6 +41,13 @@ NO_EXTRA: Extra = _NoExtra()
 # OpenAI's string hints: in `extra` (a remote engine gets them as sent), and honoured by
 # every model (as the session and the end user), so they need no engine that passes fields on
 HINTS = ("prompt_cache_key", "safety_identifier")
+# an assistant message's own reasoning, as reasoning engines answer it (vLLM, DeepSeek)
+PAST_REASONING = frozenset(("reasoning_content", "reasoning"))
+
+
+def _says(value: Any) -> bool:
+    """Whether a field's value carries anything (null, "", [] and {} do not)."""
+    return value is not None and value != "" and value != [] and value != {}
 
 STAGES = ("queue", "cache", "route", "tokenize", "prefill", "decode", "detokenize", "total")
 
@@ -250,10 +257,24 @@ class GenerationRequest:
         return frozenset(out)
 
     def unmodelled(self) -> list[str]:
-        """The request's own fields that redline does not model (its `extra`, less the
-        hints every model honours): a remote engine gets them as sent; an embedded one
-        could only drop them, so it is never chosen for them."""
-        return [k for k in self.extra if k not in HINTS]
+        """The fields that redline does not model, as the request names them: its own
+        (less the hints every model honours), its messages', their content parts' and its
+        tools' (less empty values, which say nothing: a message the client got from an
+        answer and sends back holds `refusal: null`, `annotations: []`). A remote engine
+        gets them as sent; an embedded one could only drop them, so it is never chosen
+        for them. An assistant turn's reasoning is not among them: the embedded engine
+        does not replay a past turn's reasoning (as the Responses API does not, with any
+        engine), and a remote one gets it as sent."""
+        out = [k for k in self.extra if k not in HINTS]
+        for i, m in enumerate(self.messages or ()):
+            out += [f"messages[{i}].{k}" for k, v in m.extra.items() if _says(v)
+                     and not (m.role == "assistant" and k in PAST_REASONING)]
+            out += [f"messages[{i}].content[{j}].{k}" for j, p in enumerate(m.parts or ())
+                    for k, v in p.extra.items() if _says(v)]
+        for i, t in enumerate(self.tools):
+            out += [f"tools[{i}].{k[5:]}" if k.startswith("tool.") else f"tools[{i}].function.{k}"
+                    for k, v in t.extra.items() if _says(v)]
+        return out
 
 
 @dataclass

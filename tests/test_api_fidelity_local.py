@@ -56,6 +56,13 @@ def test_text_completion_logprobs(smol_server: Any) -> None:
     ({"n": 9}, "n"), ({"reasoning_effort": "low"}, "reasoning_effort"),
     ({"response_format": {"type": "json_schema", "json_schema": {
         "name": "x", "schema": {"type": "string", "format": "email"}}}}, "response_format"),
+    # fields of a message, a content part or a tool: the engine would drop them
+    ({"messages": [{"role": "user", "content": "hi", "prefix": True}]}, "messages[0].prefix"),
+    ({"messages": [{"role": "user", "content": [
+        {"type": "text", "text": "hi", "cache_control": {"type": "ephemeral"}}]}]},
+     "messages[0].content[0].cache_control"),
+    ({"tools": [{"type": "function", "function": {"name": "f", "deprecated": True}}]},
+     "tools[0].function.deprecated"),
 ])
 def test_what_the_engine_does_not_serve_is_a_400(smol_server: Any, extra: dict[str, Any],
                                                  param: str) -> None:
@@ -63,6 +70,17 @@ def test_what_the_engine_does_not_serve_is_a_400(smol_server: Any, extra: dict[s
         client(smol_server).chat.completions.create(model=SMOL, messages=ASK, max_tokens=2,
                                                     extra_body=extra)
     assert err.value.body["param"] == param  # type: ignore[index]
+
+
+def test_an_answer_sent_back_as_it_came_is_taken(smol_server: Any) -> None:
+    """An assistant message a client got from an answer and sends back holds fields that
+    say nothing (`refusal: null`, `annotations: []`) and, from a reasoning engine, its
+    reasoning, which no engine here is given back: none of them is a 400."""
+    r = client(smol_server).chat.completions.create(model=SMOL, max_tokens=2, messages=[
+        *ASK, {"role": "assistant", "content": "Apple.", "refusal": None, "annotations": [],
+               "reasoning_content": "A fruit: apple."},  # type: ignore[list-item]
+        {"role": "user", "content": "Another?"}], extra_body={"cache": False})
+    assert r.choices[0].message.content
 
 
 def test_usage_reports_the_engines_cached_prompt_tokens(smol_server: Any) -> None:

@@ -19,6 +19,7 @@ from redline.cache.keys import cache_keys
 from redline.config import RedlineConfig
 from redline.errors import InvalidRequest
 from redline.jobs.spec import JobSpec
+from redline.routing.capabilities import Capabilities
 from redline.routing.router import Router
 from redline.telemetry.metrics import Metrics
 from redline.types import Chunk, GenerationRequest, TokenLogprob, ToolCallDelta, TopLogprob, Usage, assemble
@@ -73,7 +74,7 @@ def _router_check(cfg: RedlineConfig, request: GenerationRequest) -> None:
     """The one capability check (Router.check), with the configured models' capabilities."""
     router = Router({m.name: FakeBackend(m.name) for m in cfg.models}, cfg.models[0].name,
                     cfg.routing, Metrics(enabled=False),
-                    capabilities={m.name: m.effective_capabilities() for m in cfg.models})
+                    capabilities=Capabilities.of_models(cfg.models))
     router.check(request)
 
 

@@ -14,9 +14,10 @@ from redline.api.app import create_app
 from redline.backends.fake import FakeBackend
 from redline.config import RedlineConfig, RouteRule, RoutingConfig
 from redline.errors import InvalidRequest
+from redline.routing.capabilities import Capabilities
 from redline.routing.router import Routed, Router
 from redline.telemetry.metrics import Metrics
-from redline.types import GenerationRequest, Message, SamplingParams
+from redline.types import ContentPart, FunctionTool, GenerationRequest, Message, SamplingParams
 
 BASE = {"large": ["completions"]}  # the larger model is a base model, as gemma3-270m is
 
@@ -186,8 +187,9 @@ def with_fields(text: str, model: str = "auto", tier: Any = None,
 async def fields_router(backends: dict[str, FakeBackend], **cfg: Any) -> Router:
     """"small" is embedded (its fields would be dropped), "large" a remote engine."""
     r = Router(backends, "small", RoutingConfig(**cfg), Metrics(),
-               capabilities={"small": ["chat", "completions"], "large": ["chat", "completions"]},
-               passes_fields=["large"])
+               capabilities=Capabilities({"small": ["chat", "completions"],
+                                          "large": ["chat", "completions"]},
+                                         passes_fields=["large"]))
     await r.start()
     return r
 
@@ -230,3 +232,32 @@ async def test_auto_with_only_embedded_models_names_the_field() -> None:
         r.check(with_fields("hi", reasoning_effort="high"))
     assert err.value.param == "reasoning_effort"
     assert "remote engine" in err.value.message
+
+
+async def test_fields_of_messages_parts_and_tools_count_and_empty_ones_do_not() -> None:
+    r = await fields_router(fakes(), classifier="off")
+    part = ContentPart("text", text="hi", extra={"cache_control": {"type": "ephemeral"}})
+    asks = {
+        "messages[0].name_x": (Message("user", "hi", extra={"name_x": "a"}),),
+        "messages[0].content[0].cache_control": (Message("user", "hi", parts=(part,)),),
+    }
+    for field, messages in asks.items():
+        request = GenerationRequest(model="auto", sampling=SamplingParams(max_tokens=3),
+                                    messages=messages)
+        assert request.unmodelled() == [field]
+        assert r.decide(request)[1] == ["large"]
+        with pytest.raises(InvalidRequest) as err:
+            r.check(GenerationRequest(model="small", sampling=SamplingParams(max_tokens=3),
+                                      messages=messages))
+        assert err.value.param == field
+    tool = FunctionTool("f", extra={"tool.cache_control": {"type": "ephemeral"}})
+    assert GenerationRequest(model="auto", sampling=SamplingParams(max_tokens=3),
+                             messages=(Message("user", "hi"),), tools=(tool,)
+                             ).unmodelled() == ["tools[0].cache_control"]
+    sent_back = (Message("user", "hi"),
+                 Message("assistant", "hello", extra={"refusal": None, "annotations": [],
+                                                      "reasoning_content": "greet"}),
+                 Message("user", "again"))
+    quiet = GenerationRequest(model="auto", sampling=SamplingParams(max_tokens=3),
+                              messages=sent_back)
+    assert quiet.unmodelled() == [] and r.decide(quiet)[1] == ["small", "large"]

@@ -33,6 +33,7 @@ from redline.engine.arbiter import StepArbiter
 from redline.experiments import Experiments
 from redline.jobs.service import JobService
 from redline.pipeline import Observer, Pipeline
+from redline.routing.capabilities import Capabilities
 from redline.routing.router import Router
 from redline.store import open_store
 from redline.store.base import Store
@@ -142,8 +143,7 @@ def build(config: RedlineConfig, backends: Mapping[str, Backend] | None = None,
     threads = library_threads(config.server.library_threads,
                               [b.info.kind for b in backends.values()])
     router = Router(backends, default, config.routing, metrics, embedder_threads=threads,
-                    capabilities={m.name: m.effective_capabilities() for m in config.models},
-                    passes_fields=[m.name for m in config.models if m.backend == "openai"])
+                    capabilities=Capabilities.of_models(config.models))
     store = open_store(config.store.url or "memory://")  # the one store: caches, journals, ...
     questions = question_judge(config.cache, config.models)
     if config.cache.judge == "questions" and questions is None:

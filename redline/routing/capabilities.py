@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 
-from redline.config import REMOTE_CAPABILITIES
+from redline.config import REMOTE_CAPABILITIES, ModelConfig
 from redline.errors import InvalidRequest
 from redline.types import GenerationRequest
 
@@ -46,6 +46,14 @@ class Capabilities:
         passes = frozenset(passes_fields)
         self._by_model = {name: frozenset(caps) | ({FIELDS} if name in passes else set())
                           for name, caps in (by_model or {}).items()}
+
+    @classmethod
+    def of_models(cls, models: Iterable[ModelConfig]) -> Capabilities:
+        """The configured models' capabilities (`ModelConfig.effective_capabilities`);
+        the remote ones are sent the fields redline does not model."""
+        models = list(models)
+        return cls({m.name: m.effective_capabilities() for m in models},
+                   [m.name for m in models if m.backend == "openai"])
 
     def of(self, model: str) -> frozenset[str]:
         return self._by_model.get(model, REMOTE_CAPABILITIES | {FIELDS})

@@ -97,11 +97,12 @@ class Router:
     def __init__(self, backends: Mapping[str, Backend], default_model: str, config: RoutingConfig,
                  metrics: Metrics, classifier: Classifier | None = None,
                  embedder_threads: int = 1,
-                 capabilities: Mapping[str, Iterable[str]] | None = None,
-                 passes_fields: Iterable[str] = ()) -> None:
+                 capabilities: Mapping[str, Iterable[str]] | Capabilities | None = None
+                 ) -> None:
         self.backends = dict(backends)
         # what each model serves (config); `auto`, rules and fallbacks pick only among these
-        self.capabilities = Capabilities(capabilities, passes_fields)
+        self.capabilities = capabilities if isinstance(capabilities, Capabilities) \
+            else Capabilities(capabilities)
         self.embedder_threads = embedder_threads  # torch's, for the embeddings classifier
         self.default_model = default_model
         self.cfg = config
