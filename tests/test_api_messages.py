@@ -128,3 +128,66 @@ def test_count_tokens_counts_what_the_message_is_charged(gateway: Any) -> None:
     for bad in ({"model": "local"}, {"model": "auto"}, {"max_tokens": 5}, {"messages": []}):
         r = httpx.post(f"{url}/v1/messages/count_tokens", json={**ask, **bad})
         assert r.status_code == 400 and r.json()["type"] == "error", (bad, r.text)
+
+
+def _post(url: str, **body: Any) -> httpx.Response:
+    return httpx.post(f"{url}/v1/messages", json={"model": "remote", "max_tokens": 3,
+                                                  "messages": ASK, **body})
+
+
+def test_what_claude_code_sends_is_taken(gateway: Any) -> None:
+    """The fields of Anthropic's newer API that Claude Code sends on every call: a system
+    message among the turns, adaptive thinking, a context edit that keeps everything,
+    output_config (its effort as chat's reasoning_effort, its format as a JSON schema),
+    a top-level cache_control, and an answer's thinking blocks given back (kept, not
+    replayed to the engine)."""
+    client, url, up = gateway
+    turns = [{"role": "user", "content": "Hi."},
+             {"role": "system", "content": [{"type": "text", "text": "Agents: none."}]},
+             {"role": "assistant", "content": [
+                 {"type": "thinking", "thinking": "A greeting.", "signature": "s"},
+                 {"type": "redacted_thinking", "data": "xyz"},
+                 {"type": "text", "text": "Hello."}]},
+             {"role": "user", "content": "Again."}]
+    msg = client.messages.create(
+        model="remote", max_tokens=3, messages=turns,  # type: ignore[arg-type]
+        thinking={"type": "adaptive"}, cache_control={"type": "ephemeral"},
+        extra_body={"context_management": {"edits": [
+            {"type": "clear_thinking_20251015", "keep": "all"}]},
+            "output_config": {"effort": "xhigh"}})
+    assert msg.content and msg.content[-1].type == "text"
+    sent = httpx.get(f"{up}/last").json()
+    assert [(m["role"], m["content"]) for m in sent["messages"]] == [
+        ("user", "Hi."), ("system", "Agents: none."), ("assistant", "Hello."),
+        ("user", "Again.")]
+    assert sent["reasoning_effort"] == "high"  # xhigh: the highest chat has
+    schema = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
+    assert _post(url, output_config={"format": {"type": "json_schema", "schema": schema}}
+                 ).status_code == 200
+    sent = httpx.get(f"{up}/last").json()
+    assert sent["response_format"]["json_schema"]["schema"] == schema
+    assert "reasoning_effort" not in sent
+    counted = httpx.post(f"{url}/v1/messages/count_tokens", json={
+        "model": "remote", "messages": ASK, "thinking": {"type": "adaptive"},
+        "output_config": {"effort": "low"}})
+    assert counted.status_code == 200 and counted.json()["input_tokens"] > 0
+
+
+@pytest.mark.parametrize(("body", "says"), [
+    ({"thinking": {"type": "enabled", "budget_tokens": 2048}}, "thinking"),
+    ({"thinking": {"type": "disabled"}}, "thinking"),
+    ({"context_management": {"edits": [{"type": "clear_tool_uses_20250919"}]}},
+     "context_management"),
+    ({"output_config": {"effort": "extreme"}}, "effort"),
+    ({"output_config": {"format": {"type": "yaml"}}}, "output_config.format"),
+    ({"model": "local", "output_config": {"effort": "low"}}, "reasoning_effort"),
+    ({"messages": [{"role": "system", "content": [{"type": "image", "source": {}}]}]},
+     "system message"),
+    ({"messages": [{"role": "user", "content": [{"type": "thinking", "thinking": "x"}]}]},
+     "thinking blocks"),
+])
+def test_what_redline_cannot_hold_to_is_refused(gateway: Any, body: dict[str, Any],
+                                                says: str) -> None:
+    r = _post(gateway[1], **body)
+    assert r.status_code == 400 and r.json()["type"] == "error", r.text
+    assert says in r.json()["error"]["message"], r.text

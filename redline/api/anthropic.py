@@ -21,6 +21,7 @@ from starlette.types import Send
 from redline.errors import InvalidRequest, RedlineError
 from redline.routing.names import parse_tier
 from redline.types import (
+    NO_EXTRA,
     ChoiceAnswer,
     ContentPart,
     FinishReason,
@@ -45,8 +46,13 @@ STOP: dict[str, str] = {"stop": "end_turn", "length": "max_tokens", "tool_calls"
 class Block(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    type: Literal["text", "image", "tool_use", "tool_result"]
+    type: Literal["text", "image", "tool_use", "tool_result", "thinking", "redacted_thinking"]
     text: str | None = None
+    # an answer's thinking, given back in its assistant turn: kept in the request, never
+    # replayed to an engine (as the OpenAI-shaped APIs do with a past turn's reasoning)
+    thinking: str | None = None
+    signature: str | None = None
+    data: str | None = None  # redacted_thinking's
     source: dict[str, Any] | None = None  # image: base64 (media_type, data) or url
     id: str | None = None
     name: str | None = None
@@ -63,7 +69,7 @@ Block.model_rebuild()  # its tool_result content nests blocks
 class Turn(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    role: Literal["user", "assistant"]
+    role: Literal["user", "assistant", "system"]  # system: an instruction where it stands
     content: str | list[Block]
 
 
@@ -84,6 +90,42 @@ class Choice(BaseModel):
     disable_parallel_tool_use: bool | None = None
 
 
+class Thinking(BaseModel):
+    """`thinking`: `adaptive` (the model decides) is what every engine here does: a remote
+    reasoning engine's reasoning comes back as thinking blocks, and the embedded models do
+    not think. A budget (`enabled`) or `disabled` cannot be held to by an OpenAI-shaped
+    engine, so they are refused."""
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["adaptive"]
+    display: str | None = None
+
+
+class ContextEdit(BaseModel):
+    """`context_management.edits`: only what leaves the context as it is (clearing
+    thinking while keeping all of it); redline edits no context."""
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["clear_thinking_20251015"]
+    keep: Literal["all"]
+
+
+class ContextManagement(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    edits: list[ContextEdit] = Field(default_factory=list)
+
+
+class OutputConfig(BaseModel):
+    """`output_config`: `effort` goes to a remote engine as chat's `reasoning_effort`
+    (`xhigh` and `max` as `high`, its highest); `format` (a JSON schema) constrains the
+    answer as chat's `response_format` does."""
+    model_config = ConfigDict(extra="forbid")
+
+    effort: Literal["low", "medium", "high", "xhigh", "max"] | None = None
+    format: dict[str, Any] | None = None
+
+
 class MessagesRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -99,6 +141,10 @@ class MessagesRequest(BaseModel):
     tools: list[Tool] | None = None
     tool_choice: Choice | None = None
     metadata: dict[str, Any] | None = None
+    thinking: Thinking | None = None
+    context_management: ContextManagement | None = None
+    output_config: OutputConfig | None = None
+    cache_control: dict[str, Any] | None = None  # a prompt-caching hint: no effect here
     # redline's extensions, as on chat completions
     tier: Literal["S", "A", "B", "auto"] | None = None
     cache: bool | None = None
@@ -127,6 +173,15 @@ class MessagesRequest(BaseModel):
             choice = ToolChoice(mode, c.name if mode == "function" else None)
             parallel = False if c.disable_parallel_tool_use else None
         user = (self.metadata or {}).get("user_id")
+        out = self.output_config or OutputConfig()
+        effort = {"xhigh": "high", "max": "high"}.get(out.effort or "", out.effort)
+        fmt = None
+        if out.format is not None:
+            if out.format.get("type") != "json_schema" or not isinstance(out.format.get("schema"), dict):
+                raise InvalidRequest("output_config.format must be {\"type\": \"json_schema\", "
+                                     "\"schema\": {...}}.", param="output_config.format")
+            fmt = schemas.json_schema_format({"name": "output", "schema": out.format["schema"],
+                                              "strict": True}, "output_config.format")
         gen = GenerationRequest(
             model=self.model, messages=tuple(messages),
             sampling=SamplingParams(max_tokens=self.max_tokens,
@@ -136,7 +191,8 @@ class MessagesRequest(BaseModel):
             tier=parse_tier(tier),
             tenant=tenant, use_cache=self.cache is not False and not no_cache and not tools,
             user=str(user) if user is not None else None, tools=tuple(tools), tool_choice=choice,
-            parallel_tool_calls=parallel)
+            parallel_tool_calls=parallel, response_format=fmt,
+            extra={"reasoning_effort": effort} if effort else NO_EXTRA)
         return gen
 
 
@@ -159,6 +215,10 @@ def _text(content: str | list[Block] | None) -> str:
 def _turn(turn: Turn) -> list[Message]:
     if isinstance(turn.content, str):
         return [Message(turn.role, turn.content)]
+    if turn.role == "system":
+        if any(b.type != "text" for b in turn.content):
+            raise InvalidRequest("A system message holds text blocks only.", param="messages")
+        return [Message("system", _text(turn.content))]
     out: list[Message] = []
     parts: list[ContentPart] = []
     calls: list[ToolCall] = []
@@ -175,6 +235,10 @@ def _turn(turn: Turn) -> list[Message]:
             calls.append(ToolCall(b.id, b.name, json.dumps(b.input or {})))
         elif b.type == "image":
             parts.append(_image(b))
+        elif b.type in ("thinking", "redacted_thinking"):
+            if turn.role != "assistant":
+                raise InvalidRequest("thinking blocks belong in assistant turns.",
+                                     param="messages")
         else:
             parts.append(ContentPart("text", text=b.text or ""))
     if parts or calls or not out:

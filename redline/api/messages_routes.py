@@ -37,7 +37,8 @@ def _invalid(exc: ValidationError) -> InvalidRequest:
     return InvalidRequest(f"{where}: {what}", param=where or None)
 
 
-COUNTED = frozenset({"model", "messages", "system", "tools", "tool_choice"})
+COUNTED = frozenset({"model", "messages", "system", "tools", "tool_choice", "thinking",
+                     "context_management", "output_config", "cache_control"})
 
 
 @router.post("/v1/messages/count_tokens", response_model=None)
