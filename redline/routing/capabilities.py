@@ -94,8 +94,8 @@ class Capabilities:
         """The 400 for `auto` when none of `models` serves all of `needs`."""
         models = list(models)
         if FIELDS in needs and self.only(models, needs - {FIELDS}):
-            return _unserved("No model here that could answer this (only embedded ones) "
-                             "serves", fields)
+            return _unserved("Every model here that could answer this is embedded, and "
+                             "none serves", fields)
         needs -= {FIELDS}
         lacking = sorted(needs - frozenset().union(*(self.of(m) for m in models)))
         if lacking and not _KINDS & set(lacking):  # a feature no model has: name its field
@@ -108,5 +108,5 @@ class Capabilities:
 
 def _unserved(what: str, fields: Sequence[str]) -> InvalidRequest:
     name = fields[0] if fields else None
-    return InvalidRequest(f"{what} '{name}': it is passed on only to a remote engine.",
-                          param=name)
+    return InvalidRequest(f"{what} '{name}': redline does not model it, so it is passed "
+                          "on only to a remote engine.", param=name)
