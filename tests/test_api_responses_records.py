@@ -66,8 +66,9 @@ def test_conversations_belong_to_their_tenant_and_expire_unless_written(
             conversations = Conversations(store, ttl_s=0.6)
             conv = await conversations.create("t1", {"k": "v"}, [_msg("m1")])
             assert await conversations.get(conv.id, "t2") is None
-            assert await conversations.append(conv, [_msg("m2"), _msg("m3")])
-            await conversations.delete_item(conv, "m2")
+            assert await conversations.append(conv.id, "t1", [_msg("m2"), _msg("m3")])
+            assert not await conversations.append(conv.id, "t2", [_msg("x")])  # not t2's
+            await conversations.delete_item(conv.id, "t1", "m2")
             assert [i["id"] for i in await conversations.items(conv)] == ["m1", "m3"]
             for _ in range(3):  # writes, each within the TTL: kept past it in all
                 await asyncio.sleep(0.3)
@@ -79,7 +80,7 @@ def test_conversations_belong_to_their_tenant_and_expire_unless_written(
             assert await conversations.get(conv.id, "t1") is None  # left alone: expired
             other = await conversations.create("t1", None, [])
             await conversations.delete(other)
-            assert not await conversations.append(other, [_msg("late")])
+            assert not await conversations.append(other.id, "t1", [_msg("late")])
             assert await conversations.get(other.id, "t1") is None
             assert await conversations.items(other) == []
         finally:

@@ -17,12 +17,12 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 from redline.api import responses_request as rq
 from redline.api.errors import validated
 from redline.api.responses_routes import page
-from redline.api.responses_run import conversation_not_found, conversations_of
+from redline.api.responses_run import conversation_not_found
 from redline.api.services import services_of
 from redline.api.tenant import tenant_of
 from redline.api.tokenize_routes import read_json
 from redline.errors import InvalidRequest, NotFound
-from redline.responses import Conversation, Conversations, ResponseRecords
+from redline.responses import Conversation, Conversations
 
 router = APIRouter()
 
@@ -51,8 +51,9 @@ class ItemsBody(BaseModel):
 
 
 def _conversations(request: Request) -> Conversations:
+    """Kept beside the stored responses: the same store, the same TTL."""
     services = services_of(request.app)
-    return conversations_of(ResponseRecords(services.store, services.config.responses.ttl_s))
+    return Conversations(services.store, services.config.responses.ttl_s)
 
 
 async def _conversation(request: Request, conversation_id: str) -> Conversation:
@@ -65,10 +66,7 @@ async def _conversation(request: Request, conversation_id: str) -> Conversation:
 def _include(request: Request) -> None:
     """`include` is checked as the Responses API checks it; what it adds is kept with
     the items already (the logprobs an answer was asked for) or is not served."""
-    for i, what in enumerate(request.query_params.getlist("include")):
-        if what not in rq.INCLUDABLE:
-            raise InvalidRequest(f"Invalid value for 'include[{i}]': {what!r}.",
-                                 param=f"include[{i}]")
+    rq.check_include(request.query_params.getlist("include"))
 
 
 def _new_items(raw: list[Any]) -> list[dict[str, Any]]:
@@ -122,11 +120,12 @@ async def add_items(conversation_id: str, request: Request) -> dict[str, Any]:
     conversation = await _conversation(request, conversation_id)
     conversations = _conversations(request)
     held = {i["id"] for i in await conversations.items(conversation)}
-    for i, item in enumerate(items):
-        if item["id"] in held or any(item["id"] == o["id"] for o in items[:i]):
+    for i, item in enumerate(items):  # the conversation's, or one before it in this list
+        if item["id"] in held:
             raise InvalidRequest(f"An item with id '{item['id']}' is already in this "
                                  "conversation.", param=f"items[{i}].id")
-    if not await conversations.append(conversation, items):
+        held.add(item["id"])
+    if not await conversations.append(conversation.id, conversation.tenant, items):
         raise conversation_not_found(conversation_id)  # deleted meanwhile
     return {"object": "list", "data": items, "first_id": items[0]["id"],
             "last_id": items[-1]["id"], "has_more": False}
@@ -153,5 +152,5 @@ async def delete_item(conversation_id: str, item_id: str, request: Request) -> d
     """The item removed; the answer is the conversation, as OpenAI answers it."""
     conversation = await _conversation(request, conversation_id)
     await _item(request, conversation, item_id)
-    await _conversations(request).delete_item(conversation, item_id)
+    await _conversations(request).delete_item(conversation.id, conversation.tenant, item_id)
     return conversation.json()

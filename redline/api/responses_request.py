@@ -7,6 +7,7 @@ the same way. Fields redline does not serve are refused (400 with param), never 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterable
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -117,10 +118,7 @@ def parse(raw: bytes) -> ResponsesRequest:
         if unknown:
             raise InvalidRequest(f"Unknown parameter: 'notify.{unknown[0]}'.",
                                  param=f"notify.{unknown[0]}")
-    for i, what in enumerate(body.include or ()):
-        if what not in INCLUDABLE:
-            raise InvalidRequest(f"Invalid value for 'include[{i}]': {what!r}.",
-                                 param=f"include[{i}]")
+    check_include(body.include or ())
     if body.reasoning is not None:
         for name in ("summary", "generate_summary"):
             if getattr(body.reasoning, name) in ("concise", "detailed"):
@@ -138,6 +136,14 @@ def parse(raw: bytes) -> ResponsesRequest:
             raise InvalidRequest("previous_response_id and conversation cannot be used "
                                  "together.", param="conversation")
     return body
+
+
+def check_include(values: Iterable[str]) -> None:
+    """A 400 naming the first `include` value that is not OpenAI's (INCLUDABLE)."""
+    for i, what in enumerate(values):
+        if what not in INCLUDABLE:
+            raise InvalidRequest(f"Invalid value for 'include[{i}]': {what!r}.",
+                                 param=f"include[{i}]")
 
 
 def conversation_of(body: ResponsesRequest) -> str | None:

@@ -46,10 +46,11 @@ async def context_of(records: ResponseRecords, body: rq.ResponsesRequest,
     conversation that is not the tenant's, a 400 for a response still running."""
     conversation_id = rq.conversation_of(body)
     if conversation_id is not None:
-        conversation = await conversations_of(records).get(conversation_id, tenant)
+        conversations = conversations_of(records)
+        conversation = await conversations.get(conversation_id, tenant)
         if conversation is None:
             raise conversation_not_found(conversation_id, "conversation")
-        return await conversations_of(records).items(conversation)
+        return await conversations.items(conversation)
     if body.previous_response_id is None:
         return []
     previous = await records.get(body.previous_response_id, tenant)
@@ -69,12 +70,8 @@ async def extend_conversation(records: ResponseRecords, body: rq.ResponsesReques
     adds nothing. `store: false` does not keep them out: the conversation is the state
     the client asked for. A conversation deleted meanwhile stays deleted."""
     conversation_id = rq.conversation_of(body)
-    if conversation_id is None or status not in ("completed", "incomplete"):
-        return
-    conversations = conversations_of(records)
-    conversation = await conversations.get(conversation_id, tenant)
-    if conversation is not None:
-        await conversations.append(conversation, [*items, *output])
+    if conversation_id is not None and status in ("completed", "incomplete"):
+        await conversations_of(records).append(conversation_id, tenant, [*items, *output])
 
 
 @contextmanager

@@ -20,6 +20,7 @@ from typing import Any
 
 import orjson
 
+from redline.responses.records import owned
 from redline.store.base import Store
 from redline.types import new_id
 
@@ -59,11 +60,8 @@ class Conversations:
 
     async def get(self, conversation_id: str, tenant: str) -> Conversation | None:
         """The conversation, or None when unknown, expired, deleted or another tenant's."""
-        raw = await self.store.get(PREFIX + conversation_id)
-        if raw is None:
-            return None
-        body = orjson.loads(raw)
-        if body.get("tenant") != tenant:
+        body = await owned(self.store, PREFIX + conversation_id, tenant)
+        if body is None:
             return None
         return Conversation(conversation_id, body["tenant"], body["created_at"],
                             body.get("metadata") or {})
@@ -90,21 +88,24 @@ class Conversations:
                 out.pop(entry["deleted"], None)
         return list(out.values())
 
-    async def append(self, conversation: Conversation, items: list[dict[str, Any]]) -> bool:
-        """Add items at its end; False (nothing added) when it was deleted meanwhile."""
-        return await self._write(conversation.id, [{"item": i} for i in items])
+    async def append(self, conversation_id: str, tenant: str,
+                     items: list[dict[str, Any]]) -> bool:
+        """Add items at its end; False (nothing added) when it is not the tenant's, or
+        was deleted meanwhile."""
+        return await self._write(conversation_id, tenant, [{"item": i} for i in items])
 
-    async def delete_item(self, conversation: Conversation, item_id: str) -> None:
-        await self._write(conversation.id, [{"deleted": item_id}])
+    async def delete_item(self, conversation_id: str, tenant: str, item_id: str) -> None:
+        await self._write(conversation_id, tenant, [{"deleted": item_id}])
 
-    async def _write(self, conversation_id: str, entries: list[dict[str, Any]]) -> bool:
-        raw = await self.store.get(PREFIX + conversation_id)
-        if raw is None:  # deleted (or expired): not brought back
+    async def _write(self, conversation_id: str, tenant: str,
+                     entries: list[dict[str, Any]]) -> bool:
+        body = await owned(self.store, PREFIX + conversation_id, tenant)
+        if body is None:  # deleted (or expired): not brought back
             return False
         if entries:
             await self._log(conversation_id, entries)
             # its TTL from now, as stored (not a copy an update since has made stale)
-            await self.store.set(PREFIX + conversation_id, raw, ttl=self.ttl_s)
+            await self.store.set(PREFIX + conversation_id, orjson.dumps(body), ttl=self.ttl_s)
         return True
 
     async def _log(self, conversation_id: str, entries: list[dict[str, Any]]) -> None:

@@ -47,11 +47,8 @@ class ResponseRecords:
 
     async def get(self, response_id: str, tenant: str) -> ResponseRecord | None:
         """The record, or None when unknown, expired, deleted or another tenant's."""
-        raw = await self.store.get(PREFIX + response_id)
-        if raw is None:
-            return None
-        body = orjson.loads(raw)
-        if body.get("tenant") != tenant:
+        body = await owned(self.store, PREFIX + response_id, tenant)
+        if body is None:
             return None
         return ResponseRecord(body["tenant"], body["response"], body["input"], body["context"])
 
@@ -60,3 +57,13 @@ class ResponseRecords:
             return False
         await self.store.delete(PREFIX + response_id)
         return True
+
+
+async def owned(store: Store, key: str, tenant: str) -> dict[str, Any] | None:
+    """The JSON record at `key` (one with a `tenant`), or None when it is absent or
+    another tenant's: to another tenant, a record answers as if it did not exist."""
+    raw = await store.get(key)
+    if raw is None:
+        return None
+    body: dict[str, Any] = orjson.loads(raw)
+    return body if body.get("tenant") == tenant else None

@@ -31,7 +31,7 @@ from redline.errors import BackendError, InvalidRequest, RedlineError
 from redline.routing.admission import Admission
 from redline.routing.breaker import Breakers
 from redline.routing.budget import RatioBudget
-from redline.routing.capabilities import Capabilities, required
+from redline.routing.capabilities import FIELDS, Capabilities, required
 from redline.routing.classifier import Classifier, Decision
 from redline.routing.estimates import (
     Estimates,
@@ -175,10 +175,11 @@ class Router:
         name = request.model
         check_model(name, self.backends)
         needs = required(request)
+        fields = request.unmodelled() if FIELDS in needs else ()  # for a 400 to name one
         if name != AUTO:
-            self.capabilities.check(name, needs, request.unmodelled())
+            self.capabilities.check(name, needs, fields)
         elif not self.capabilities.only(self._by_size, needs):
-            raise self.capabilities.none_serves(self._by_size, needs, request.unmodelled())
+            raise self.capabilities.none_serves(self._by_size, needs, fields)
         return needs
 
     def _first_serving(self, needs: frozenset[str]) -> str:
