@@ -43,6 +43,15 @@ NO_EXTRA: Extra = _NoExtra()
 HINTS = ("prompt_cache_key", "safety_identifier")
 # an assistant message's own reasoning, as reasoning engines answer it (vLLM, DeepSeek)
 PAST_REASONING = frozenset(("reasoning_content", "reasoning"))
+# request fields at the value that asks for what every engine here does anyway (OpenAI's
+# and vLLM's defaults): nothing stored, no service tier, text out, special tokens not shown,
+# the assistant's turn opened, the prompt not echoed. A remote engine gets them as sent;
+# any other value is a field redline does not model
+DEFAULTS: dict[str, tuple[Any, ...]] = {
+    "store": (False,), "service_tier": ("auto", "default"), "modalities": (["text"],),
+    "skip_special_tokens": (True,), "spaces_between_special_tokens": (True,),
+    "add_generation_prompt": (True,), "continue_final_message": (False,), "echo": (False,),
+}
 
 
 def _says(value: Any) -> bool:
@@ -181,6 +190,12 @@ class SamplingParams:
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
     logit_bias: tuple[tuple[str, float], ...] = ()  # (token id, bias), in the client's order
+    # vLLM's sampling fields, as vLLM means them (None: not sent, the engine's default)
+    min_p: float | None = None  # drop tokens below min_p × the likeliest one's probability
+    repetition_penalty: float | None = None  # over prompt and output: logit / p (or × p if < 0)
+    min_tokens: int | None = None  # no end of generation (EOS, stop ids, stop strings) before
+    stop_token_ids: tuple[int, ...] | None = None  # these tokens end it too (and are kept)
+    include_stop_str_in_output: bool | None = None  # the stop string that ended it is kept
     # GBNF that the embedded engine constrains the answer to: set by the local backend from
     # response_format and tool_choice, never by a client (a remote engine never sees it)
     grammar: str | None = None
@@ -188,6 +203,14 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         return self.temperature <= 0.0
+
+    def vllm(self) -> tuple[Any, ...]:
+        """vLLM's fields as sent (VLLM_UNSET: none of them)."""
+        return (self.min_p, self.repetition_penalty, self.min_tokens, self.stop_token_ids,
+                self.include_stop_str_in_output)
+
+
+VLLM_UNSET: tuple[Any, ...] = (None,) * 5
 
 
 @dataclass
@@ -238,6 +261,7 @@ class GenerationRequest:
                 and s.n == 1 and not self.prompts and not s.logprobs and s.top_logprobs is None
                 and not s.logit_bias
                 and s.presence_penalty is None and s.frequency_penalty is None and not self.extra
+                and s.vllm() == VLLM_UNSET
                 and all(m.parts is None and not m.tool_calls and m.tool_call_id is None
                         and m.name is None and not m.extra for m in self.messages or ()))
 
@@ -265,7 +289,8 @@ class GenerationRequest:
         for them. An assistant turn's reasoning is not among them: the embedded engine
         does not replay a past turn's reasoning (as the Responses API does not, with any
         engine), and a remote one gets it as sent."""
-        out = [k for k in self.extra if k not in HINTS]
+        out = [k for k, v in self.extra.items() if k not in HINTS and _says(v)
+               and not any(v == d and type(v) is type(d) for d in DEFAULTS.get(k, ()))]
         for i, m in enumerate(self.messages or ()):
             out += [f"messages[{i}].{k}" for k, v in m.extra.items() if _says(v)
                      and not (m.role == "assistant" and k in PAST_REASONING)]

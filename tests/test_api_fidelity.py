@@ -157,8 +157,15 @@ def test_fields_pass_through_and_extensions_do_not(servers: Any) -> None:
         parallel_tool_calls=False, seed=7, presence_penalty=0.5, frequency_penalty=-0.5,
         logit_bias={"50256": -100}, max_completion_tokens=3,
         extra_body={"reasoning_effort": "low", "metadata": {"k": "v"}, "tier": "A",
-                    "cache": False, "allow_background": False})
+                    "cache": False, "allow_background": False, "store": False,
+                    "service_tier": "auto",
+                    # vLLM's sampling fields, which the embedded engine honours too
+                    "min_p": 0.05, "repetition_penalty": 1.1, "min_tokens": 0,
+                    "stop_token_ids": [7], "include_stop_str_in_output": True})
     sent = httpx.get(f"{up}/last").json()
+    assert (sent["store"], sent["service_tier"]) == (False, "auto")
+    assert (sent["min_p"], sent["repetition_penalty"], sent["min_tokens"]) == (0.05, 1.1, 0)
+    assert sent["stop_token_ids"] == [7] and sent["include_stop_str_in_output"] is True
     assert sent["messages"] == messages
     assert sent["tools"] == [WEATHER] and sent["tool_choice"] == "auto"
     assert sent["parallel_tool_calls"] is False and sent["seed"] == 7

@@ -72,6 +72,60 @@ def test_what_the_engine_does_not_serve_is_a_400(smol_server: Any, extra: dict[s
     assert err.value.body["param"] == param  # type: ignore[index]
 
 
+@pytest.mark.parametrize(("extra", "param"), [
+    ({"store": True}, "store"), ({"service_tier": "flex"}, "service_tier"),
+    ({"modalities": ["text", "audio"]}, "modalities"), ({"echo": True}, "echo"),
+    ({"skip_special_tokens": False}, "skip_special_tokens"),
+    ({"stop_token_ids": [10 ** 7]}, "stop_token_ids"), ({"min_tokens": 9}, "min_tokens"),
+])
+def test_other_values_of_fields_taken_at_their_defaults_are_a_400(
+        smol_server: Any, extra: dict[str, Any], param: str) -> None:
+    with pytest.raises(openai.BadRequestError) as err:
+        client(smol_server).chat.completions.create(model=SMOL, messages=ASK, max_tokens=4,
+                                                    extra_body=extra)
+    assert err.value.body["param"] == param  # type: ignore[index]
+
+
+def test_fields_at_the_value_every_engine_serves_are_taken(smol_server: Any) -> None:
+    """What clients send at its default (OpenAI's `store: false`, `service_tier: "auto"`,
+    `modalities: ["text"]`; vLLM's `skip_special_tokens: true`, `echo: false`) asks for
+    what the embedded engine does: the answer is the same as without them."""
+    c = client(smol_server)
+    plain = c.chat.completions.create(model=SMOL, messages=ASK, max_tokens=6, temperature=0,
+                                      extra_body={"cache": False})
+    r = c.chat.completions.create(model=SMOL, messages=ASK, max_tokens=6, temperature=0,
+                                  store=False, service_tier="auto", modalities=["text"],
+                                  extra_body={"cache": False, "skip_special_tokens": True,
+                                              "echo": False, "chat_template_kwargs": {}})
+    assert r.choices[0].message.content == plain.choices[0].message.content
+
+
+def test_vllm_sampling_fields_are_honoured(smol_server: Any) -> None:
+    """vLLM's min_tokens, repetition_penalty and include_stop_str_in_output on the
+    embedded engine, through the official client."""
+    c = client(smol_server)
+    ask = [{"role": "user", "content": "Reply with one word: yes or no. Is water wet?"}]
+    base = {"model": SMOL, "messages": ask, "max_tokens": 30, "temperature": 0}
+    short = c.chat.completions.create(**base, extra_body={"cache": False})
+    assert short.usage is not None and short.usage.completion_tokens < 10
+    held = c.chat.completions.create(**base, extra_body={"cache": False, "min_tokens": 10})
+    assert held.usage is not None and held.usage.completion_tokens >= 10
+    text = short.choices[0].message.content or ""
+    stop = text.strip()[-1:]  # its last character ends it, kept or not
+    cut = c.chat.completions.create(**base, stop=[stop], extra_body={"cache": False})
+    kept = c.chat.completions.create(**base, stop=[stop], extra_body={
+        "cache": False, "include_stop_str_in_output": True})
+    assert kept.choices[0].message.content == (cut.choices[0].message.content or "") + stop
+    # a strong repetition penalty changes a greedy answer that repeats its prompt's words
+    echo = [{"role": "user", "content": "Repeat after me: the cat sat on the mat."}]
+    same = c.chat.completions.create(model=SMOL, messages=echo, max_tokens=12, temperature=0,
+                                     extra_body={"cache": False})
+    penalised = c.chat.completions.create(model=SMOL, messages=echo, max_tokens=12,
+                                          temperature=0,
+                                          extra_body={"cache": False, "repetition_penalty": 3.0})
+    assert penalised.choices[0].message.content != same.choices[0].message.content
+
+
 def test_an_answer_sent_back_as_it_came_is_taken(smol_server: Any) -> None:
     """An assistant message a client got from an answer and sends back holds fields that
     say nothing (`refusal: null`, `annotations: []`) and, from a reasoning engine, its

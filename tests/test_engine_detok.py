@@ -33,3 +33,22 @@ def test_held_prefix_released_when_it_is_not_a_stop():
 def test_earliest_of_several_stops_wins():
     d = Detokenizer(stop=("world", "lo"))
     assert d.feed(b"hello world") == "hel"
+
+
+def test_the_stop_string_is_kept_when_asked():
+    """vLLM's include_stop_str_in_output: the text up to and with the stop that ended it."""
+    d = Detokenizer(stop=("lo", "world"), include_stop=True)
+    assert d.feed(b"hello world") == "hello"
+    assert d.stopped
+    # of two stops starting at the same place, the longer one is the one kept
+    d = Detokenizer(stop=("wor", "world!"), include_stop=True)
+    assert d.feed(b"a world! b") == "a world!"
+
+
+def test_no_stop_string_ends_the_text_while_checks_are_off():
+    """vLLM's min_tokens: before it is reached a stop string goes out as text."""
+    d = Detokenizer(stop=("STOP",))
+    assert d.feed(b"one STOP two", check=False) == "one STOP two"
+    assert not d.stopped
+    assert d.feed(b" STOP three") == " "
+    assert d.stopped

@@ -277,3 +277,43 @@ def test_weights_conversion_is_cached_and_keeps_the_model(model, tmp_path, monke
 
     assert kl(bf16) < 0.02
     assert kl(served_path(src, "Q2_K")) > 0.02
+
+
+async def test_min_tokens_holds_back_every_end_until_reached(model):
+    """vLLM's min_tokens: no end-of-generation token and no stop string before it; after
+    it the answer ends as it would."""
+    engine = make_engine(model)
+    try:
+        tokens = chat(model, "Reply with one word: yes or no. Is water wet?")
+        short, last = await collect(engine, tokens, SamplingParams(max_tokens=40, temperature=0.0))
+        assert last.finish_reason == "stop" and last.usage.completion_tokens < 12
+        held = SamplingParams(max_tokens=40, temperature=0.0, min_tokens=12)
+        text, last = await collect(engine, tokens, held)
+        assert last.usage.completion_tokens >= 12
+        assert text.startswith(short)  # greedy: the same answer, carried on past its end
+        # a stop string inside the first min_tokens tokens does not end it
+        stop = short.strip()[:2]
+        stopped = SamplingParams(max_tokens=40, temperature=0.0, min_tokens=12, stop=(stop,))
+        text2, last2 = await collect(engine, tokens, stopped)
+        assert last2.usage.completion_tokens >= 12 and text2.startswith(short.strip()[:2])
+    finally:
+        engine.close()
+
+
+async def test_a_stop_token_id_ends_the_answer_and_is_kept(model):
+    """vLLM's stop_token_ids: the answer ends at the first of them, whose text it keeps."""
+    engine = make_engine(model)
+    try:
+        tokens = chat(model, QUESTIONS[1])
+        chunks = [c async for c in engine.generate(tokens, GREEDY)]
+        whole = "".join(c.text for c in chunks)
+        ids = model.tokenize(whole, add_special=False)
+        # a token that the greedy answer reaches a few tokens in, seen there for the first time
+        at = next(i for i in range(3, len(ids)) if ids[i] not in ids[:i])
+        sampling = SamplingParams(max_tokens=24, temperature=0.0, stop_token_ids=(ids[at],))
+        text, last = await collect(engine, tokens, sampling)
+        assert last.finish_reason == "stop"
+        assert last.usage.completion_tokens == at + 1
+        assert text == b"".join(model.piece(t) for t in ids[:at + 1]).decode()
+    finally:
+        engine.close()

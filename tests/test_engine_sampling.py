@@ -131,3 +131,52 @@ def test_a_grammar_llama_cpp_refuses_is_an_error_before_sampling(
     with pytest.raises(GrammarError):
         check_grammar(ready.model.vocab, "root ::= missing-rule")
     check_grammar(ready.model.vocab, 'root ::= "ok"')
+
+
+def test_repetition_penalty_counts_the_prompt_and_the_output(ready: Ready) -> None:
+    """vLLM's repetition penalty: every token seen in the prompt or the output has its
+    logit divided by the penalty when positive, multiplied when negative (once, however
+    often it was seen)."""
+    logits = ready.logits
+    order = np.argsort(-logits)
+    prompt = [int(order[0]), int(order[3]), int(order[0])]
+    penalty = 1.8
+    params = SamplingParams(max_tokens=8, temperature=0.0, repetition_penalty=penalty)
+    sampler = Sampler(params, prompt)
+    try:
+        got = [sampler.sample(ready.runner.ctx, ready.index, ready.runner.logits(ready.index))
+               for _ in range(4)]
+    finally:
+        sampler.close()
+    seen, expected = set(prompt), []
+    for _ in range(4):
+        adjusted = logits.astype(np.float64).copy()
+        for t in seen:
+            adjusted[t] = adjusted[t] / penalty if adjusted[t] > 0 else adjusted[t] * penalty
+        choice = int(adjusted.argmax())
+        expected.append(choice)
+        seen.add(choice)
+    assert got == expected
+    assert got[0] != int(order[0]) or logits[order[0]] / penalty > logits[order[1]]
+    # a penalty of 1 changes nothing
+    assert draw(ready, SamplingParams(max_tokens=8, temperature=0.0,
+                                      repetition_penalty=1.0)) == [int(order[0])]
+
+
+def test_min_p_keeps_only_tokens_near_the_likeliest(ready: Ready) -> None:
+    """vLLM's min_p on the tempered distribution: a token is drawn only if its probability
+    is at least min_p × the likeliest token's."""
+    logits = ready.logits.astype(np.float64)
+    temperature = 1.5
+    probs = np.exp((logits - logits.max()) / temperature)
+    for min_p in (0.3, 1.0):
+        allowed = set(np.flatnonzero(probs >= min_p * probs.max() - 1e-9).tolist())
+        drawn = set()
+        for seed in range(12):
+            params = SamplingParams(max_tokens=8, temperature=temperature, seed=seed, min_p=min_p)
+            drawn.add(draw(ready, params)[0])
+        assert drawn <= allowed, (min_p, drawn - allowed)
+    # without it the same seeds reach beyond what min_p 0.3 allows
+    wide = {draw(ready, SamplingParams(max_tokens=8, temperature=temperature, seed=s))[0]
+            for s in range(12)}
+    assert not wide <= set(np.flatnonzero(probs >= probs.max() - 1e-9).tolist())

@@ -118,6 +118,12 @@ class _SamplingFields(_Open):
     presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)
     frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
     logit_bias: dict[str, float] | None = None
+    # vLLM's sampling extensions (its meaning; a remote engine gets them as sent)
+    min_p: float | None = Field(None, ge=0.0, le=1.0)
+    repetition_penalty: float | None = Field(None, gt=0.0, le=10.0)
+    min_tokens: int | None = Field(None, ge=0)
+    stop_token_ids: list[int] | None = None
+    include_stop_str_in_output: bool | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None
@@ -148,8 +154,12 @@ class _SamplingFields(_Open):
     def sampling(self, max_tokens: int | None, logprobs: bool = False,
                  top_logprobs: int | None = None) -> SamplingParams:
         stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ())
+        limit = max_tokens or DEFAULT_MAX_TOKENS
+        if self.min_tokens is not None and self.min_tokens > limit:
+            raise InvalidRequest(f"min_tokens ({self.min_tokens}) is more than the answer's "
+                                 f"token limit ({limit}).", param="min_tokens")
         return SamplingParams(
-            max_tokens=max_tokens or DEFAULT_MAX_TOKENS,
+            max_tokens=limit,
             temperature=1.0 if self.temperature is None else self.temperature,
             top_p=1.0 if self.top_p is None else self.top_p,
             top_k=self.top_k or 0,
@@ -162,6 +172,10 @@ class _SamplingFields(_Open):
             presence_penalty=self.presence_penalty,
             frequency_penalty=self.frequency_penalty,
             logit_bias=tuple((self.logit_bias or {}).items()),
+            min_p=self.min_p, repetition_penalty=self.repetition_penalty,
+            min_tokens=self.min_tokens,
+            stop_token_ids=None if self.stop_token_ids is None else tuple(self.stop_token_ids),
+            include_stop_str_in_output=self.include_stop_str_in_output,
         )
 
     @property

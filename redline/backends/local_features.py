@@ -4,7 +4,7 @@ of tool calls out of the generated text.
 
 `prepare` raises InvalidRequest (with `param`) for what the engine cannot enforce, before
 anything is submitted: a schema keyword the grammar cannot express, a token id outside
-the vocabulary in `logit_bias`."""
+the vocabulary in `logit_bias` or `stop_token_ids`."""
 
 from __future__ import annotations
 
@@ -32,6 +32,10 @@ def prepare(request: GenerationRequest, n_vocab: int) -> Prepared:
         if not 0 <= int(token) < n_vocab:
             raise InvalidRequest(f"logit_bias: token {token} is not in this model's vocabulary "
                                  f"(0..{n_vocab - 1}).", param="logit_bias")
+    for stop_id in s.stop_token_ids or ():
+        if not 0 <= stop_id < n_vocab:
+            raise InvalidRequest(f"stop_token_ids: token {stop_id} is not in this model's "
+                                 f"vocabulary (0..{n_vocab - 1}).", param="stop_token_ids")
     gbnf, param = _format_grammar(request), "response_format"
     messages = request.messages
     tools = offered(request.tools, request.tool_choice)

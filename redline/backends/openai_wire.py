@@ -89,7 +89,11 @@ def request_body(request: GenerationRequest, model: str) -> tuple[str, dict[str,
         "top_k": s.top_k or None,  # vLLM, SGLang, llama.cpp accept it; OpenAI does not need it
         "ignore_eos": s.ignore_eos or None, "n": s.n if s.n != 1 else None,
         "presence_penalty": s.presence_penalty, "frequency_penalty": s.frequency_penalty,
-        "logit_bias": dict(s.logit_bias) or None, "user": request.user}
+        "logit_bias": dict(s.logit_bias) or None, "user": request.user,
+        # vLLM's fields, as the client sent them
+        "min_p": s.min_p, "repetition_penalty": s.repetition_penalty, "min_tokens": s.min_tokens,
+        "stop_token_ids": None if s.stop_token_ids is None else list(s.stop_token_ids),
+        "include_stop_str_in_output": s.include_stop_str_in_output}
     body.update((k, v) for k, v in optional.items() if v is not None)
     if request.messages is None:
         body["prompt"] = list(request.prompts) if request.prompts else request.prompt or ""

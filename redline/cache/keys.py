@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields, is_dataclass
 from typing import Any
 
-from redline.types import GenerationRequest, Message, SamplingParams
+from redline.types import VLLM_UNSET, GenerationRequest, Message, SamplingParams
 
 
 def normalise(text: str) -> str:
@@ -35,6 +35,8 @@ def _sampling(s: SamplingParams) -> list[object]:
             [list(b) for b in s.logit_bias]]
     if more != [1, False, None, None, None, []]:  # keys of plain requests stay as they were
         out.append(more)
+    if s.vllm() != VLLM_UNSET:
+        out.append(list(s.vllm()))
     return out
 
 

@@ -11,25 +11,28 @@ import codecs
 
 
 class Detokenizer:
-    def __init__(self, stop: tuple[str, ...] = ()) -> None:
+    def __init__(self, stop: tuple[str, ...] = (), include_stop: bool = False) -> None:
         self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         self._stop = tuple(s for s in stop if s)
+        self._include = include_stop  # vLLM's include_stop_str_in_output
         self._held = ""  # text that might be the start of a stop string
         self.stopped = False
 
-    def feed(self, piece: bytes) -> str:
-        """Add one token's bytes; returns the text that can be released now."""
+    def feed(self, piece: bytes, check: bool = True) -> str:
+        """Add one token's bytes; returns the text that can be released now. With `check`
+        False (vLLM's min_tokens not reached yet) no stop string ends it: the text goes out."""
         if self.stopped:
             return ""
         text = self._held + self._decoder.decode(piece)
-        if not self._stop:
+        if not self._stop or not check:
             self._held = ""
             return text
-        cut = min((i for i in (text.find(s) for s in self._stop) if i >= 0), default=-1)
-        if cut >= 0:
+        found = [(i, -len(s)) for s in self._stop if (i := text.find(s)) >= 0]
+        if found:
+            cut, minus = min(found)  # the earliest; of those starting there, the longest
             self.stopped = True
             self._held = ""
-            return text[:cut]
+            return text[:cut - minus] if self._include else text[:cut]
         keep = self._longest_stop_prefix_suffix(text)
         self._held = text[len(text) - keep:] if keep else ""
         return text[: len(text) - keep]

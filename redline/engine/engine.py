@@ -25,6 +25,8 @@ import threading
 import time
 from collections.abc import AsyncIterator
 
+import numpy as np
+
 from redline.engine.arbiter import StepArbiter
 from redline.engine.budget import FLOOR, PrefillBudget
 from redline.engine.forecast import Forecast
@@ -287,24 +289,31 @@ class Engine:
     def _emit(self, seq: Sequence, index: int, now: float) -> tuple[int, bool]:
         """Sample `seq`'s next token from batch entry `index` and deliver it; the token,
         and whether the sequence finished."""
+        s = seq.sampling
         logits = self.runner.logits(index)
-        scores = logits.copy() if seq.sampling.logprobs else logits  # the sampler may edit
+        scores = logits.copy() if s.logprobs else logits  # the sampler may edit
+        early = bool(s.min_tokens) and len(seq.output) < (s.min_tokens or 0)
+        if early:  # vLLM's min_tokens: nothing may end the answer yet
+            logits[self.model.eog_ids] = -np.inf
+            if s.stop_token_ids:
+                logits[list(s.stop_token_ids)] = -np.inf
         token = seq.sampler.sample(self.runner.ctx, index, logits)
         first = seq.first_token_at is None
         if first:
             seq.first_token_at = now
         reason: FinishReason | None = None
         text = ""
-        kept = not (self.model.is_eog(token) and not seq.sampling.ignore_eos)
+        kept = not (self.model.is_eog(token) and not s.ignore_eos)
         if not kept:
             reason = "stop"
         else:
             seq.output.append(token)
             t0 = time.perf_counter()
-            text = seq.detok.feed(self.model.piece(token))
+            text = seq.detok.feed(self.model.piece(token),
+                                  check=len(seq.output) >= (s.min_tokens or 0))
             seq.detok_s += time.perf_counter() - t0
-            if seq.detok.stopped:
-                reason = "stop"
+            if seq.detok.stopped or (s.stop_token_ids and token in s.stop_token_ids):
+                reason = "stop"  # a stop id is kept, as vLLM keeps it (its text, if any)
             elif len(seq.output) >= seq.sampling.max_tokens:
                 reason = "length"
             elif len(seq.prompt) + len(seq.output) >= self.n_ctx_per_seq:

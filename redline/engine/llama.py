@@ -7,6 +7,7 @@ read-only on the vocabulary and safe from any thread.
 from __future__ import annotations
 
 import ctypes
+import functools
 import os
 from dataclasses import dataclass
 from typing import Any
@@ -77,6 +78,11 @@ class LlamaModel:
 
     def is_eog(self, token: int) -> bool:
         return bool(ll.llama_vocab_is_eog(self.vocab, token))
+
+    @functools.cached_property
+    def eog_ids(self) -> np.ndarray:
+        """Every end-of-generation token (EOS, EOT, ...): what vLLM's min_tokens holds back."""
+        return np.array([t for t in range(self.n_vocab) if self.is_eog(t)], dtype=np.int64)
 
     def tokenize(self, text: str, add_special: bool = True, parse_special: bool = True) -> list[int]:
         data = text.encode("utf-8")

@@ -1,8 +1,10 @@
 """Per-sequence token choice: greedy by argmax, or a llama.cpp sampler chain.
 
-The chain, in order: `logit_bias`, the presence/frequency penalties (OpenAI's formula:
-logit -= count * frequency + (count > 0) * presence, over this sequence's own output),
-then greedy, or top-k, top-p, temperature and a seeded draw.
+The chain, in order: `logit_bias`, vLLM's repetition penalty (over the prompt and the
+output: a positive logit divided by it, a negative one multiplied), the presence/frequency
+penalties (OpenAI's formula: logit -= count * frequency + (count > 0) * presence, over
+this sequence's own output), then greedy, or top-k, top-p, temperature, vLLM's min-p (on
+the tempered distribution, as vLLM applies it) and a seeded draw.
 
 A grammar (structured outputs, forced tool calls) is checked after the draw, as llama.cpp's
 own common sampler does: checking a 49k-token vocabulary against the grammar at every step
@@ -43,12 +45,14 @@ def check_grammar(vocab: Any, grammar: str) -> None:
 
 
 class Sampler:
-    def __init__(self, params: SamplingParams) -> None:
+    def __init__(self, params: SamplingParams, prompt: list[int] | None = None) -> None:
         self.params = params
+        self.prompt = prompt or []  # what the repetition penalty counts besides the output
         self.penalised = bool(params.presence_penalty or params.frequency_penalty)
+        self.repeats = params.repetition_penalty not in (None, 1.0)
         # argmax alone: nothing edits the logits before the choice
         self.greedy = (params.greedy and not params.logit_bias and not self.penalised
-                       and params.grammar is None)
+                       and not self.repeats and params.grammar is None)
         self._chain: Any = None
         self._grammar: Any = None
         self._cands: np.ndarray | None = None
@@ -68,12 +72,15 @@ class Sampler:
                 biases[i].bias = -math.inf if bias <= -100 else float(bias)
             ll.llama_sampler_chain_add(chain, ll.llama_sampler_init_logit_bias(
                 n_vocab, len(p.logit_bias), biases))
+        if self.repeats:
+            window = len(self.prompt) + max(p.max_tokens, 1)
+            repeat = _penalties(window, float(p.repetition_penalty or 1.0), 0.0, 0.0)
+            for seen in self.prompt:  # the prompt counts as if it had been generated
+                ll.llama_sampler_accept(repeat, seen)
+            ll.llama_sampler_chain_add(chain, repeat)
         if self.penalised:
-            # the binding declares (n_vocab, last_n, ...) where the C function now takes
-            # (last_n, ...): the window goes in both places, right under either signature
-            window = max(p.max_tokens, 1)
-            ll.llama_sampler_chain_add(chain, ll.llama_sampler_init_penalties(
-                window, window, 1.0, float(p.frequency_penalty or 0.0),
+            ll.llama_sampler_chain_add(chain, _penalties(
+                max(p.max_tokens, 1), 1.0, float(p.frequency_penalty or 0.0),
                 float(p.presence_penalty or 0.0)))
         if p.greedy:
             ll.llama_sampler_chain_add(chain, ll.llama_sampler_init_greedy())
@@ -83,6 +90,8 @@ class Sampler:
             if p.top_p < 1.0:
                 ll.llama_sampler_chain_add(chain, ll.llama_sampler_init_top_p(p.top_p, 1))
             ll.llama_sampler_chain_add(chain, ll.llama_sampler_init_temp(p.temperature))
+            if p.min_p:
+                ll.llama_sampler_chain_add(chain, ll.llama_sampler_init_min_p(p.min_p, 1))
             seed = p.seed if p.seed is not None else random.getrandbits(32)
             ll.llama_sampler_chain_add(chain, ll.llama_sampler_init_dist(seed & 0xFFFFFFFF))
         self._chain = chain
@@ -132,6 +141,13 @@ class Sampler:
         if self._grammar is not None:
             ll.llama_sampler_free(self._grammar)
             self._grammar = None
+
+
+def _penalties(window: int, repeat: float, frequency: float, presence: float) -> Any:
+    """llama.cpp's penalties sampler over the last `window` accepted tokens. The binding
+    declares (n_vocab, last_n, ...) where the C function now takes (last_n, ...): the
+    window goes in both places, right under either signature."""
+    return ll.llama_sampler_init_penalties(window, window, repeat, frequency, presence)
 
 
 def _array(cands: np.ndarray) -> Any:

@@ -53,8 +53,8 @@ class Sequence:
     _cancel: threading.Event = field(default_factory=threading.Event)
 
     def __post_init__(self) -> None:
-        self.detok = Detokenizer(self.sampling.stop)
-        self.sampler = Sampler(self.sampling)
+        self.detok = Detokenizer(self.sampling.stop, bool(self.sampling.include_stop_str_in_output))
+        self.sampler = Sampler(self.sampling, self.prompt)
         if self.prefill_to < 0:
             self.prefill_to = len(self.prompt)
 
