@@ -196,6 +196,9 @@ class SamplingParams:
     min_tokens: int | None = None  # no end of generation (EOS, stop ids, stop strings) before
     stop_token_ids: tuple[int, ...] | None = None  # these tokens end it too (and are kept)
     include_stop_str_in_output: bool | None = None  # the stop string that ended it is kept
+    # the embedded engine scores the prompt too (an echoed completion's logprobs), with
+    # this many alternatives a token; set by the local backend, never by a client
+    prompt_logprobs: int | None = None
     # GBNF that the embedded engine constrains the answer to: set by the local backend from
     # response_format and tool_choice, never by a client (a remote engine never sees it)
     grammar: str | None = None
@@ -237,6 +240,7 @@ class GenerationRequest:
     parallel_tool_calls: bool | None = None
     response_format: ResponseFormat | None = None
     max_tokens_field: str = "max_tokens"  # or "max_completion_tokens": as the client named it
+    echo: bool = False  # a text completion's answer starts with its prompt (OpenAI's `echo`)
     # the client's fields that redline does not model: a remote engine gets them unchanged
     extra: Extra = NO_EXTRA
     arrival: float = field(default_factory=time.perf_counter)
@@ -261,7 +265,7 @@ class GenerationRequest:
                 and s.n == 1 and not self.prompts and not s.logprobs and s.top_logprobs is None
                 and not s.logit_bias
                 and s.presence_penalty is None and s.frequency_penalty is None and not self.extra
-                and s.vllm() == VLLM_UNSET
+                and s.vllm() == VLLM_UNSET and not self.echo
                 and all(m.parts is None and not m.tool_calls and m.tool_call_id is None
                         and m.name is None and not m.extra for m in self.messages or ()))
 
@@ -342,7 +346,7 @@ class TokenLogprob:
     """One sampled token's log-probability and its most likely alternatives."""
 
     token: str
-    logprob: float
+    logprob: float | None  # None: an echoed prompt's first token, which nothing predicts
     bytes: tuple[int, ...] | None = None
     top: tuple[TopLogprob, ...] = ()
     offset: int | None = None  # text completions: where the token starts in the text
@@ -379,6 +383,9 @@ class Chunk:
     logprobs: tuple[TokenLogprob, ...] | None = None
     ends_choice: FinishReason | None = None
     extra: Extra = NO_EXTRA  # the delta's fields that redline does not model
+    # the embedded engine's first chunk, when asked (SamplingParams.prompt_logprobs): each
+    # prompt token's log-probability after the ones before it (from the second token on)
+    prompt_logprobs: tuple[TokenLogprob, ...] | None = None
 
     @property
     def finish(self) -> FinishReason | None:

@@ -126,6 +126,37 @@ def test_vllm_sampling_fields_are_honoured(smol_server: Any) -> None:
     assert penalised.choices[0].message.content != same.choices[0].message.content
 
 
+def test_echo_with_logprobs_scores_the_prompt(smol_server: Any) -> None:
+    """OpenAI's `echo` with `logprobs` (how lm-evaluation-harness scores a continuation):
+    the text starts with the prompt, and every prompt token has its log-probability (the
+    first's is null), for each prompt of a list; streamed, the first event echoes it."""
+    c = client(smol_server)
+    france = "The capital of France is"
+    prompts = [f"{france} Paris", f"{france} London"]
+    r = c.completions.create(model=SMOL, prompt=prompts, max_tokens=1, temperature=0,
+                             logprobs=1, echo=True)
+    scores = []
+    for choice, prompt in zip(sorted(r.choices, key=lambda ch: ch.index), prompts, strict=True):
+        lp = choice.logprobs
+        assert lp is not None and lp.tokens and lp.token_logprobs and lp.top_logprobs
+        assert choice.text.startswith(prompt) and "".join(lp.tokens) == choice.text
+        assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None
+        assert all(v is not None and v <= 0 for v in lp.token_logprobs[1:])
+        for value, top in zip(lp.token_logprobs[1:], lp.top_logprobs[1:], strict=True):
+            assert top and max(top.values()) >= value - 1e-5  # type: ignore[operator]
+        n_prompt = len(lp.tokens) - 1  # one generated token
+        scores.append(lp.token_logprobs[n_prompt - 1])  # the last prompt word's
+    assert r.usage is not None and r.usage.completion_tokens == 2
+    assert scores[0] > scores[1]  # " Paris" is likelier than " London" here
+    plain = c.completions.create(model=SMOL, prompt=prompts[0], max_tokens=3, temperature=0,
+                                 echo=True)
+    assert plain.choices[0].text.startswith(prompts[0]) and plain.choices[0].logprobs is None
+    events = list(c.completions.create(model=SMOL, prompt=prompts[0], max_tokens=3,
+                                       temperature=0, echo=True, stream=True))
+    assert events[0].choices[0].text.startswith(prompts[0])
+    assert "".join(e.choices[0].text for e in events if e.choices) == plain.choices[0].text
+
+
 def test_an_answer_sent_back_as_it_came_is_taken(smol_server: Any) -> None:
     """An assistant message a client got from an answer and sends back holds fields that
     say nothing (`refusal: null`, `annotations: []`) and, from a reasoning engine, its

@@ -317,3 +317,37 @@ async def test_a_stop_token_id_ends_the_answer_and_is_kept(model):
         assert text == b"".join(model.piece(t) for t in ids[:at + 1]).decode()
     finally:
         engine.close()
+
+
+async def test_prompt_logprobs_are_the_models_own_and_never_from_a_reused_prefix(model):
+    """A sequence that scores its prompt (an echoed completion with logprobs) gets each
+    prompt token's log-probability from its own computation: the same as one forward pass
+    over the prompt gives, also when the prompt is already cached in another slot."""
+    from redline.engine.sampling import token_logprobs
+
+    prompt = model.tokenize("The capital of France is Paris. The capital of Italy is Rome.",
+                            add_special=True)
+    runner = LlamaRunner(model, 256, 1, 64, 2)
+    try:
+        runner.decode([BatchEntry(t, i, 0, True) for i, t in enumerate(prompt)])
+        want = [token_logprobs(runner.logits(i).copy(), prompt[i + 1], 2, model.piece)
+                for i in range(len(prompt) - 1)]
+    finally:
+        runner.close()
+    engine = make_engine(model)
+    try:
+        sampling = SamplingParams(max_tokens=2, temperature=0.0, prompt_logprobs=2)
+        for _ in range(2):  # the second time its prompt is cached: it is computed again
+            chunks = [c async for c in engine.generate(prompt, sampling)]
+            got = chunks[0].prompt_logprobs
+            assert got is not None and len(got) == len(prompt) - 1
+            for g, w in zip(got, want, strict=True):
+                assert g.token == w.token and abs(g.logprob - w.logprob) < 0.02
+                assert [o.token for o in g.top] == [o.token for o in w.top]
+            assert all(c.prompt_logprobs is None for c in chunks[1:])
+        # a sequence that does not ask gets none
+        plain = [c async for c in engine.generate(prompt, GREEDY)]
+        assert all(c.prompt_logprobs is None for c in plain)
+        assert plain[-1].usage.cached_tokens > 0  # and reuses the cached prompt
+    finally:
+        engine.close()

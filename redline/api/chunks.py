@@ -62,7 +62,8 @@ def _text_logprobs(lps: Sequence[TokenLogprob], at: int) -> dict[str, Any]:
         offsets.append(at)
         at += len(t.token)
     return {"tokens": [t.token for t in lps], "token_logprobs": [t.logprob for t in lps],
-            "top_logprobs": [{o.token: o.logprob for o in t.top} for t in lps],
+            "top_logprobs": [None if t.logprob is None else {o.token: o.logprob for o in t.top}
+                             for t in lps],
             "text_offset": offsets}
 
 

@@ -243,13 +243,17 @@ class CompletionRequest(_SamplingFields):
     # token ids (a list of ints, or of lists) are typed only to be refused by name below
     prompt: str | list[str] | list[int] | list[list[int]] = Field(...)
     logprobs: int | None = Field(None, ge=0, le=5)
+    echo: bool = False
 
     def to_generation(self, tier: str | None, tenant: str, no_cache: bool = False) -> GenerationRequest:
         prompts = _prompts(self.prompt)
-        return self._request(
+        gen = self._request(
             tier, tenant, no_cache,
             self.sampling(self.max_tokens or 16, self.logprobs is not None, self.logprobs),
-            prompt=prompts[0], prompts=prompts if len(prompts) > 1 else ())
+            prompt=prompts[0], prompts=prompts if len(prompts) > 1 else (), echo=self.echo)
+        if gen.echo:  # the cache keeps answers, not prompts
+            gen.use_cache = False
+        return gen
 
 
 def _prompts(prompt: str | list[str] | list[int] | list[list[int]]) -> tuple[str, ...]:

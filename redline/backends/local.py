@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator
@@ -20,7 +21,7 @@ from redline.engine.speculative import NgramSettings
 from redline.engine.tools import ToolCallParser
 from redline.errors import ContextLengthExceeded, InvalidRequest, NotReady
 from redline.models import bundled_path, served_path
-from redline.types import Chunk, GenerationRequest, Message, SamplingParams
+from redline.types import Chunk, GenerationRequest, Message, SamplingParams, TokenLogprob
 
 TOKENIZED_KEPT = 32  # prompts whose tokens stay memoised (a forecast, then the stream)
 
@@ -160,20 +161,26 @@ class LocalBackend:
         prompts = [self._checked(self.prompt_tokens(request, prepared.messages, p), request)
                    for p in request.prompts or (None,)]
         tokenize_s = time.perf_counter() - t0
-        engine = self.engine
-        n = prepared.sampling.n
+        engine, model = self.engine, self.model
+        sampling = prepared.sampling
+        echo = request.echo and not request.is_chat
+        if echo and sampling.logprobs:  # the engine scores the prompt too
+            sampling = dataclasses.replace(sampling, prompt_logprobs=sampling.top_logprobs or 0)
+        n = sampling.n
+        texts = request.prompts or (request.prompt or "",)
 
         def start(index: int, sampling: SamplingParams) -> AsyncIterator[Chunk]:
-            chunks = engine.generate(prompts[index // n], sampling,
-                                     request.id if index == 0 else None,
+            tokens = prompts[index // n]
+            chunks = engine.generate(tokens, sampling, request.id if index == 0 else None,
                                      request.tier, request.presence)
             if prepared.parse_tools:
                 chunks = with_tool_calls(chunks, ToolCallParser(request.tools))
+            if echo:
+                chunks = echoed(chunks, texts[index // n], model.piece(tokens[0]))
             return chunks
 
         choices = n * len(prompts)
-        stream = (start(0, prepared.sampling) if choices == 1
-                  else merged(choices, prepared.sampling, start))
+        stream = start(0, sampling) if choices == 1 else merged(choices, sampling, start)
         async for chunk in stream:
             if chunk.timings is not None:
                 chunk.timings.add("tokenize", tokenize_s)
@@ -267,3 +274,16 @@ class LocalBackend:
             self.model = None
 
 
+async def echoed(chunks: AsyncIterator[Chunk], prompt: str, first: bytes) -> AsyncIterator[Chunk]:
+    """OpenAI's `echo`: a text completion's answer starts with its prompt, and with
+    logprobs each prompt token's comes first (the first token's is null: nothing before
+    it predicts it). `first`: the prompt's first token's text."""
+    head = True
+    async for chunk in chunks:
+        if head and chunk.finish_reason != "error":
+            head = False
+            chunk.text = prompt + chunk.text
+            if chunk.prompt_logprobs is not None:
+                lead = TokenLogprob(first.decode("utf-8", "replace"), None, tuple(first))
+                chunk.logprobs = (lead, *chunk.prompt_logprobs, *(chunk.logprobs or ()))
+        yield chunk

@@ -99,6 +99,8 @@ def request_body(request: GenerationRequest, model: str) -> tuple[str, dict[str,
         body["prompt"] = list(request.prompts) if request.prompts else request.prompt or ""
         if s.logprobs:
             body["logprobs"] = s.top_logprobs or 0
+        if request.echo:
+            body["echo"] = True
         return "/completions", body
     body["messages"] = [message_json(m) for m in request.messages]
     if s.logprobs:
@@ -145,7 +147,7 @@ def logprobs(raw: Any) -> tuple[TokenLogprob, ...] | None:
     values = raw.get("token_logprobs") or []
     tops = raw.get("top_logprobs") or [None] * len(tokens)
     offsets = raw.get("text_offset") or [None] * len(tokens)
-    return tuple(TokenLogprob(str(t), float(v if v is not None else 0.0), None,
+    return tuple(TokenLogprob(str(t), None if v is None else float(v), None,
                               tuple(TopLogprob(str(k), float(x)) for k, x in (top or {}).items()),
                               off)
                  for t, v, top, off in zip(tokens, values, tops, offsets, strict=False))

@@ -272,6 +272,10 @@ class Engine:
 
     def _postprocess(self, batch: ScheduledBatch) -> None:
         now = time.perf_counter()
+        for seq, index, pos in batch.scored:  # before sampling, which may edit the logits
+            seq.prompt_lps.append(token_logprobs(self.runner.logits(index), seq.prompt[pos + 1],
+                                                 seq.sampling.prompt_logprobs or 0,
+                                                 self.model.piece))
         for seq, index in batch.samplers:
             draft = batch.drafts.get(index, [])
             # position i's logits follow draft[:i]: valid while the target chose the same
@@ -329,6 +333,8 @@ class Engine:
         if seq.sampling.logprobs and kept:
             chunk.logprobs = (token_logprobs(scores, token, seq.sampling.top_logprobs or 0,
                                              self.model.piece),)
+        if first and seq.scores_prompt:
+            chunk.prompt_logprobs = tuple(seq.prompt_lps)
         self._deliver(seq, chunk)
         return token, reason is not None
 

@@ -142,12 +142,17 @@ class ScheduledBatch:
     n_decode: int = 0  # entries that are decode tokens and drafts (the rest are prompt chunks)
     # batch index of a sequence's decode token -> the draft tokens that follow it there
     drafts: dict[int, list[int]] = field(default_factory=dict)
+    # (sequence, batch index, prompt position) whose logits score the next prompt token
+    scored: list[tuple[Sequence, int, int]] = field(default_factory=list)
 
 
 # a waiting prompt waits for another's prefill only to save at least this many tokens
 MIN_WAIT_PREFIX = 32
 # a host cache entry is copied back only when it holds this many more tokens of the prompt
 MIN_RESTORE = 32
+# prompt tokens a step computes for a sequence that scores its prompt: each keeps a row of
+# logits (a vocabulary's floats), which llama.cpp's output buffer then holds
+SCORED_ROWS = 64
 
 
 class Scheduler:
@@ -199,6 +204,7 @@ class Scheduler:
     def schedule(self) -> ScheduledBatch:
         entries: list[BatchEntry] = []
         samplers: list[tuple[Sequence, int]] = []
+        scored: list[tuple[Sequence, int, int]] = []
         fed: list[tuple[Sequence, list[int]]] = []
         kv = KVOps([("remove", r) for r in self._rollbacks])  # a rejected draft's cells first
         self._rollbacks = []
@@ -248,6 +254,8 @@ class Scheduler:
             if first and seq.prefill_to - start > budget and not seq.unread \
                     and self.budget.whole(seq.prefill_to - start):
                 take = self.n_batch - len(entries)  # a short prompt goes whole (budget.py)
+            if seq.scores_prompt:
+                take = min(take, SCORED_ROWS)
             end = min(start + take, seq.prefill_to)
             chunk = seq.context()[start:end]
             budget -= len(chunk)
@@ -256,9 +264,12 @@ class Scheduler:
                 want = last and i == len(chunk) - 1
                 if want:
                     samplers.append((seq, len(entries)))
+                if seq.scored(start + i):
+                    scored.append((seq, len(entries), start + i))
+                    want = True
                 entries.append(BatchEntry(token, start + i, seq.seq_id, want))
             fed.append((seq, chunk))
-        return ScheduledBatch(entries, samplers, fed, kv, n_decode, drafts)
+        return ScheduledBatch(entries, samplers, fed, kv, n_decode, drafts, scored)
 
     def _limit(self, reading: int) -> float | None:
         """The longest step streams nobody reads may make beside `reading` read ones."""
@@ -330,7 +341,7 @@ class Scheduler:
     def _admit(self, kv: KVOps) -> None:
         held: list[Sequence] = []  # waiting for a prefix another sequence is computing
         while (seq := self._next_waiting(held)) is not None:
-            if self.prefix_reuse and self._prefix_in_flight(seq):
+            if self.prefix_reuse and not seq.scores_prompt and self._prefix_in_flight(seq):
                 held.append(seq)
                 continue
             if not any(s.owner is None for s in self.slots):
@@ -383,14 +394,16 @@ class Scheduler:
         self.waiting.append(seq)
         self.preemptions += 1
 
-    def _choose(self, context: list[int], free: list[Slot]) -> Placement:
+    def _choose(self, context: list[int], free: list[Slot], reuse: bool = True) -> Placement:
         """Where a sequence with `context` goes now, and what it reuses: the longest cached
         prefix we have, in a free slot (kept in place), in a running sequence's slot
-        (copied), or in the host cache (copied back). Pure: `_place` carries it out, and
+        (copied), or in the host cache (copied back); nothing without `reuse` (a sequence
+        that scores its prompt computes all of it). Pure: `_place` carries it out, and
         `reusable` forecasts with the same decision."""
+        reuse = reuse and self.prefix_reuse
         limit = len(context) - 1  # the last token must run to give logits
         shared = {s.seq_id: min(common_prefix(s.tokens, context), limit)
-                  if self.prefix_reuse else 0 for s in self.slots}
+                  if reuse else 0 for s in self.slots}
         best_free = max(free, key=lambda s: shared[s.seq_id])
         # little in common (a chat template's first tokens): taking that slot would throw
         # away a prefix worth more to someone else (llama-server's default slot
@@ -405,7 +418,7 @@ class Scheduler:
         source = max((s for s in self.slots if s is not best_free),
                      key=lambda s: shared[s.seq_id], default=None)
         source_n = shared[source.seq_id] if source is not None else 0
-        entry, host_n = (self.host.best(context, limit) if self.host is not None and self.prefix_reuse
+        entry, host_n = (self.host.best(context, limit) if self.host is not None and reuse
                          else (None, 0))
         if entry is not None and host_n >= max(best_free_n, source_n) + MIN_RESTORE:
             return Placement(spare, host_n, entry=entry)
@@ -416,7 +429,8 @@ class Scheduler:
     def _place(self, seq: Sequence, kv: KVOps) -> None:
         """Give `seq` a free slot as `_choose` decides, with the cache edits that takes."""
         context = seq.context()
-        where = self._choose(context, [s for s in self.slots if s.owner is None])
+        where = self._choose(context, [s for s in self.slots if s.owner is None],
+                             reuse=not seq.scores_prompt)
         slot = where.slot
         if where.entry is not None:
             self._keep(slot, 0, kv)

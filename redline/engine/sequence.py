@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from redline.engine.detok import Detokenizer
 from redline.engine.sampling import Sampler
 from redline.engine.speculative import NgramIndex
-from redline.types import Chunk, Presence, SamplingParams
+from redline.types import Chunk, Presence, SamplingParams, TokenLogprob
 
 TIER_RANK = {"S": 0, "A": 1, "B": 2}  # lower goes first
 
@@ -50,6 +50,9 @@ class Sequence:
     first_token_at: float | None = None
     detok_s: float = 0.0
     lookup: NgramIndex | None = None  # its n-grams, once it drafts (speculative decoding)
+    # the prompt's own log-probabilities, scored as it is computed (SamplingParams.
+    # prompt_logprobs): entry i is prompt token i + 1's
+    prompt_lps: list[TokenLogprob] = field(default_factory=list)
     _cancel: threading.Event = field(default_factory=threading.Event)
 
     def __post_init__(self) -> None:
@@ -74,6 +77,15 @@ class Sequence:
         if self.slot is None:
             raise RuntimeError(f"sequence {self.id} is not running: it has no slot")
         return self.slot
+
+    @property
+    def scores_prompt(self) -> bool:
+        """It scores its prompt, so every prompt token is computed here (none reused)."""
+        return self.sampling.prompt_logprobs is not None
+
+    def scored(self, pos: int) -> bool:
+        """Whether the logits at prompt position `pos` give a log-probability it lacks."""
+        return self.scores_prompt and len(self.prompt_lps) <= pos < len(self.prompt) - 1
 
     @property
     def in_prefill(self) -> bool:
