@@ -182,6 +182,8 @@ def test_text_completions_logprobs_and_n(servers: Any) -> None:
     body = {"prompt": "Say", "max_tokens": 3, "logprobs": 2, "n": 2, "echo": False}
     assert _whole(through.completions.create(model="remote", **body)) == \
         _whole(direct.completions.create(model="served", **body))
+    through.completions.create(model="remote", prompt="Say", max_tokens=2, echo=True)
+    assert httpx.get(f"{servers[2]}/last").json()["echo"] is True  # as sent: the engine echoes
 
 
 def test_a_list_of_prompts_goes_upstream_and_every_choice_comes_back(servers: Any) -> None:
