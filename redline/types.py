@@ -51,6 +51,7 @@ DEFAULTS: dict[str, tuple[Any, ...]] = {
     "store": (False,), "service_tier": ("auto", "default"), "modalities": (["text"],),
     "skip_special_tokens": (True,), "spaces_between_special_tokens": (True,),
     "add_generation_prompt": (True,), "continue_final_message": (False,), "echo": (False,),
+    "chat_template_kwargs": ({},),
 }
 
 
@@ -293,7 +294,9 @@ class GenerationRequest:
         for them. An assistant turn's reasoning is not among them: the embedded engine
         does not replay a past turn's reasoning (as the Responses API does not, with any
         engine), and a remote one gets it as sent."""
-        out = [k for k, v in self.extra.items() if k not in HINTS and _says(v)
+        # a top-level null is a field not sent; an empty object may mean something here
+        # (`web_search_options: {}` turns search on), so only DEFAULTS' values say nothing
+        out = [k for k, v in self.extra.items() if k not in HINTS and v is not None
                and not any(v == d and type(v) is type(d) for d in DEFAULTS.get(k, ()))]
         for i, m in enumerate(self.messages or ()):
             out += [f"messages[{i}].{k}" for k, v in m.extra.items() if _says(v)

@@ -77,6 +77,8 @@ def test_what_the_engine_does_not_serve_is_a_400(smol_server: Any, extra: dict[s
     ({"modalities": ["text", "audio"]}, "modalities"), ({"echo": True}, "echo"),
     ({"skip_special_tokens": False}, "skip_special_tokens"),
     ({"stop_token_ids": [10 ** 7]}, "stop_token_ids"), ({"min_tokens": 9}, "min_tokens"),
+    # an empty object is no default everywhere: this one turns search on
+    ({"web_search_options": {}}, "web_search_options"),
 ])
 def test_other_values_of_fields_taken_at_their_defaults_are_a_400(
         smol_server: Any, extra: dict[str, Any], param: str) -> None:
