@@ -345,6 +345,7 @@ async def test_prompt_logprobs_are_the_models_own_and_never_from_a_reused_prefix
                 assert g.token == w.token and abs(g.logprob - w.logprob) < 0.02
                 assert [o.token for o in g.top] == [o.token for o in w.top]
             assert all(c.prompt_logprobs is None for c in chunks[1:])
+            assert chunks[-1].usage.cached_tokens == 0  # nothing reused
         # a sequence that does not ask gets none
         plain = [c async for c in engine.generate(prompt, GREEDY)]
         assert all(c.prompt_logprobs is None for c in plain)

@@ -254,7 +254,8 @@ class Scheduler:
             if first and seq.prefill_to - start > budget and not seq.unread \
                     and self.budget.whole(seq.prefill_to - start):
                 take = self.n_batch - len(entries)  # a short prompt goes whole (budget.py)
-            if seq.scores_prompt:
+            scoring = seq.scores_prompt
+            if scoring:
                 take = min(take, SCORED_ROWS)
             end = min(start + take, seq.prefill_to)
             chunk = seq.context()[start:end]
@@ -264,7 +265,7 @@ class Scheduler:
                 want = last and i == len(chunk) - 1
                 if want:
                     samplers.append((seq, len(entries)))
-                if seq.scored(start + i):
+                if scoring and seq.scored(start + i):
                     scored.append((seq, len(entries), start + i))
                     want = True
                 entries.append(BatchEntry(token, start + i, seq.seq_id, want))
