@@ -242,6 +242,9 @@ class GenerationRequest:
     response_format: ResponseFormat | None = None
     max_tokens_field: str = "max_tokens"  # or "max_completion_tokens": as the client named it
     echo: bool = False  # a text completion's answer starts with its prompt (OpenAI's `echo`)
+    # Predicted Outputs: what the client expects most of the answer to be (its speed, never
+    # its text: the embedded engine drafts from it)
+    prediction: str | None = None
     # the client's fields that redline does not model: a remote engine gets them unchanged
     extra: Extra = NO_EXTRA
     arrival: float = field(default_factory=time.perf_counter)
@@ -266,7 +269,7 @@ class GenerationRequest:
                 and s.n == 1 and not self.prompts and not s.logprobs and s.top_logprobs is None
                 and not s.logit_bias
                 and s.presence_penalty is None and s.frequency_penalty is None and not self.extra
-                and s.vllm() == VLLM_UNSET and not self.echo
+                and s.vllm() == VLLM_UNSET and not self.echo and self.prediction is None
                 and all(m.parts is None and not m.tool_calls and m.tool_call_id is None
                         and m.name is None and not m.extra for m in self.messages or ()))
 

@@ -161,8 +161,10 @@ def test_fields_pass_through_and_extensions_do_not(servers: Any) -> None:
                     "service_tier": "auto",
                     # vLLM's sampling fields, which the embedded engine honours too
                     "min_p": 0.05, "repetition_penalty": 1.1, "min_tokens": 0,
-                    "stop_token_ids": [7], "include_stop_str_in_output": True})
+                    "stop_token_ids": [7], "include_stop_str_in_output": True,
+                    "prediction": {"type": "content", "content": "It is sunny."}})
     sent = httpx.get(f"{up}/last").json()
+    assert sent["prediction"] == {"type": "content", "content": "It is sunny."}
     assert (sent["store"], sent["service_tier"]) == (False, "auto")
     assert (sent["min_p"], sent["repetition_penalty"], sent["min_tokens"]) == (0.05, 1.1, 0)
     assert sent["stop_token_ids"] == [7] and sent["include_stop_str_in_output"] is True

@@ -159,6 +159,37 @@ def test_echo_with_logprobs_scores_the_prompt(smol_server: Any) -> None:
     assert "".join(e.choices[0].text for e in events if e.choices) == plain.choices[0].text
 
 
+def test_a_predicted_answer_is_the_same_and_usage_counts_the_prediction(
+        smol_server: Any) -> None:
+    """OpenAI's Predicted Outputs on the embedded engine: the prediction only drafts, so
+    the answer is the one given without it, and usage says how much of it was taken."""
+    c = client(smol_server)
+    ask = [{"role": "user", "content": "Repeat exactly: the harbour master kept a log of "
+                                       "every ship that came in."}]
+    plain = c.chat.completions.create(model=SMOL, messages=ask, max_tokens=30, temperature=0,
+                                      extra_body={"cache": False})
+    text = plain.choices[0].message.content or ""
+    got = c.chat.completions.create(model=SMOL, messages=ask, max_tokens=30, temperature=0,
+                                    prediction={"type": "content", "content": text},
+                                    extra_body={"cache": False})
+    assert got.choices[0].message.content == text
+    details = got.usage.completion_tokens_details  # type: ignore[union-attr]
+    assert details is not None and (details.accepted_prediction_tokens or 0) > 0
+    assert details.rejected_prediction_tokens is not None
+    # text parts, streamed: the same text again
+    parts = {"type": "content", "content": [{"type": "text", "text": text[:10]},
+                                            {"type": "text", "text": text[10:]}]}
+    streamed = "".join(ch.choices[0].delta.content or "" for ch in c.chat.completions.create(
+        model=SMOL, messages=ask, max_tokens=30, temperature=0, prediction=parts,  # type: ignore[arg-type]
+        stream=True, extra_body={"cache": False}) if ch.choices)
+    assert streamed == text
+    for bad, param in (({"type": "text", "content": "x"}, "prediction"),
+                       ({"type": "content", "content": 3}, "prediction.content")):
+        with pytest.raises(openai.BadRequestError) as err:
+            c.chat.completions.create(model=SMOL, messages=ask, max_tokens=2, prediction=bad)  # type: ignore[arg-type]
+        assert err.value.body["param"] == param  # type: ignore[index]
+
+
 def test_an_answer_sent_back_as_it_came_is_taken(smol_server: Any) -> None:
     """An assistant message a client got from an answer and sends back holds fields that
     say nothing (`refusal: null`, `annotations: []`) and, from a reasoning engine, its

@@ -244,3 +244,65 @@ async def test_sampled_answers_draft_and_keep_their_seeded_text(model, monkeypat
         assert proposed > 0
         accepted_any += accepted
     assert accepted_any > 0
+
+
+# ---- Predicted Outputs ---------------------------------------------------------------
+def test_a_prediction_drafts_what_comes_next_while_the_answer_follows_it():
+    from redline.engine.speculative import Prediction
+
+    p = Prediction([10, 11, 12, 13, 14, 15, 16, 17], NgramSettings(max_draft=3))
+    assert p.propose([], 10) == [10, 11, 12]  # nothing yet: the prediction's start
+    p.verified(3, 3)
+    assert p.propose([10, 11, 12, 13], 10) == [14, 15, 16]  # still on it (length grew to 3 max)
+    assert p.propose([10, 11, 12, 13], 2) == [14, 15]  # never past the step's room
+    # the answer parts from it (an edit), then its last tokens are found again further on
+    assert p.propose([10, 11, 12, 13, 99], 10) == []
+    assert p.propose([10, 11, 12, 13, 99, 14, 15], 10) == [16, 17]
+    p.verified(2, 0)
+    assert p.length == 2 and (p.proposed, p.accepted) == (5, 3)
+
+
+def test_a_repeated_run_is_picked_up_after_the_last_draft():
+    from redline.engine.speculative import Prediction
+
+    # "1 2" occurs twice: after a draft from the second half, the second occurrence wins
+    p = Prediction([1, 2, 3, 7, 1, 2, 4, 8], NgramSettings(max_draft=2))
+    assert p.propose([5, 1, 2], 10) == [3, 7]  # parted at once: the first occurrence
+    assert p.propose([5, 1, 2, 3, 7, 0, 1, 2], 10) == [4, 8]  # then the one after it
+
+
+def test_a_sequence_with_a_prediction_drafts_with_drafting_off(loop):
+    from redline.engine.speculative import Prediction
+
+    s = Scheduler(n_seq_max=2, n_batch=64)  # no n-gram drafter
+    seq = quoting_seq(loop)
+    seq.prediction = Prediction([3, 4, 5, 6, 7])
+    decoding(s, [seq])  # output 3 4: on the prediction, whose next are 5 6 7
+    batch = s.schedule()
+    assert batch.drafts == {0: [5, 6, 7]}
+    s.commit(batch)
+    s.verified(seq, 3, 2)
+    assert (seq.prediction.proposed, seq.prediction.accepted) == (3, 2)
+
+
+@pytest.mark.slow
+async def test_a_predicted_answer_is_the_same_text_and_reports_its_drafts(model):
+    from redline.engine.engine import Engine
+    from redline.types import Message
+
+    prompt = model.tokenize(model.render_chat((Message("user", TYPOS),)), add_special=False)
+    engine = Engine(model, n_ctx_per_seq=512, n_seq_max=4, n_batch=256, n_threads=2)
+    sampling = SamplingParams(max_tokens=48, temperature=0.0)
+    try:
+        plain = [c async for c in engine.generate(prompt, sampling)]
+        text = "".join(c.text for c in plain)
+        guess = model.tokenize(text, add_special=False, parse_special=False)
+        got = [c async for c in engine.generate(prompt, sampling, prediction=guess)]
+        assert "".join(c.text for c in got) == text
+        details = got[-1].usage.completion_details
+        assert details["accepted_prediction_tokens"] > len(guess) // 2
+        assert details["rejected_prediction_tokens"] >= 0
+        assert plain[-1].usage.completion_details is None
+        assert engine.draft_accepted == details["accepted_prediction_tokens"]
+    finally:
+        engine.close()

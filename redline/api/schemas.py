@@ -223,6 +223,7 @@ class ChatCompletionRequest(_SamplingFields):
     response_format: dict[str, Any] | None = None
     logprobs: bool | None = None
     top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
+    prediction: dict[str, Any] | None = None  # OpenAI's Predicted Outputs
 
     def to_generation(self, tier: str | None, tenant: str, no_cache: bool = False) -> GenerationRequest:
         if self.top_logprobs is not None and not self.logprobs:
@@ -236,7 +237,8 @@ class ChatCompletionRequest(_SamplingFields):
             tools=tools, tool_choice=_tool_choice(self.tool_choice, tools),
             parallel_tool_calls=self.parallel_tool_calls,
             response_format=_response_format(self.response_format),
-            max_tokens_field="max_completion_tokens" if self.max_completion_tokens else "max_tokens")
+            max_tokens_field="max_completion_tokens" if self.max_completion_tokens else "max_tokens",
+            prediction=_prediction(self.prediction))
 
 
 class CompletionRequest(_SamplingFields):
@@ -254,6 +256,25 @@ class CompletionRequest(_SamplingFields):
         if gen.echo:  # the cache keeps answers, not prompts
             gen.use_cache = False
         return gen
+
+
+def _prediction(raw: dict[str, Any] | None) -> str | None:
+    """Predicted Outputs' `{"type": "content", "content": ...}`: its text (a string, or
+    text parts joined)."""
+    if raw is None:
+        return None
+    if raw.get("type") != "content" or set(raw) - {"type", "content"}:
+        raise InvalidRequest("prediction must be {\"type\": \"content\", \"content\": ...}.",
+                             param="prediction")
+    content = raw.get("content")
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list) and content and all(
+            isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
+            and set(p) == {"type", "text"} for p in content):
+        return "".join(p["text"] for p in content)
+    raise InvalidRequest("prediction.content must be a string or a list of text parts.",
+                         param="prediction.content")
 
 
 def _prompts(prompt: str | list[str] | list[int] | list[list[int]]) -> tuple[str, ...]:

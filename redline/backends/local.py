@@ -168,11 +168,13 @@ class LocalBackend:
             sampling = dataclasses.replace(sampling, prompt_logprobs=sampling.top_logprobs or 0)
         n = sampling.n
         texts = request.prompts or (request.prompt or "",)
+        predicted = None if not request.prediction else model.tokenize(
+            request.prediction, add_special=False, parse_special=False)
 
         def start(index: int, sampling: SamplingParams) -> AsyncIterator[Chunk]:
             tokens = prompts[index // n]
             chunks = engine.generate(tokens, sampling, request.id if index == 0 else None,
-                                     request.tier, request.presence)
+                                     request.tier, request.presence, predicted)
             if prepared.parse_tools:
                 chunks = with_tool_calls(chunks, ToolCallParser(request.tools))
             if echo:

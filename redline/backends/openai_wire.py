@@ -115,6 +115,8 @@ def request_body(request: GenerationRequest, model: str) -> tuple[str, dict[str,
             "type": "function", "function": {"name": c.name}}
     if request.parallel_tool_calls is not None:
         body["parallel_tool_calls"] = request.parallel_tool_calls
+    if request.prediction is not None:
+        body["prediction"] = {"type": "content", "content": request.prediction}
     if request.response_format is not None:
         f = request.response_format
         fmt: dict[str, Any] = {"type": f.type}

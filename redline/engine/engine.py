@@ -35,7 +35,7 @@ from redline.engine.llama import LlamaModel, LlamaRunner
 from redline.engine.sampling import token_logprobs
 from redline.engine.scheduler import KVOps, ScheduledBatch, Scheduler
 from redline.engine.sequence import Sequence
-from redline.engine.speculative import NgramSettings
+from redline.engine.speculative import NgramSettings, Prediction
 from redline.errors import EngineDead
 from redline.types import Chunk, FinishReason, Presence, SamplingParams, StageTimings, Usage, new_id
 
@@ -87,13 +87,16 @@ class Engine:
 
     async def generate(self, prompt: list[int], sampling: SamplingParams,
                        request_id: str | None = None, tier: str | None = None,
-                       presence: Presence | None = None) -> AsyncIterator[Chunk]:
+                       presence: Presence | None = None,
+                       prediction: list[int] | None = None) -> AsyncIterator[Chunk]:
         """`tier`: the order of service (S first; None: A); `presence`: tells when
-        nobody reads the answer (it then yields its slot to those who wait)."""
+        nobody reads the answer (it then yields its slot to those who wait);
+        `prediction`: the tokens of a predicted answer, to draft from (speculative.py)."""
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[Chunk] = asyncio.Queue()
         seq = Sequence(request_id or new_id("seq"), prompt, sampling, queue.put_nowait, loop,
-                       tier=tier or "A", presence=presence)
+                       tier=tier or "A", presence=presence,
+                       prediction=Prediction(prediction) if prediction else None)
         self.submit(seq)
         try:
             while True:
@@ -281,7 +284,7 @@ class Engine:
             # position i's logits follow draft[:i]: valid while the target chose the same
             accepted = 0
             for i in range(len(draft) + 1):
-                token, done = self._emit(seq, index + i, now)
+                token, done = self._emit(seq, index + i, now, (len(draft), i))
                 if done or i == len(draft) or token != draft[i]:
                     break
                 accepted += 1
@@ -290,9 +293,11 @@ class Engine:
                 self.draft_accepted += accepted
                 self.scheduler.verified(seq, len(draft), accepted)
 
-    def _emit(self, seq: Sequence, index: int, now: float) -> tuple[int, bool]:
+    def _emit(self, seq: Sequence, index: int, now: float,
+              drafted: tuple[int, int] = (0, 0)) -> tuple[int, bool]:
         """Sample `seq`'s next token from batch entry `index` and deliver it; the token,
-        and whether the sequence finished."""
+        and whether the sequence finished. `drafted`: this step's draft tokens and how
+        many of them were taken before this one (not yet counted: the step goes on)."""
         s = seq.sampling
         logits = self.runner.logits(index)
         scores = logits.copy() if s.logprobs else logits  # the sampler may edit
@@ -329,7 +334,7 @@ class Engine:
             self.scheduler.finish(seq)
             self.forecast.finished(len(seq.output))
             chunk = self._final(seq, reason, text + seq.detok.flush(),
-                                tokens=1 if text else 0)
+                                tokens=1 if text else 0, drafted=drafted)
         if seq.sampling.logprobs and kept:
             chunk.logprobs = (token_logprobs(scores, token, seq.sampling.top_logprobs or 0,
                                              self.model.piece),)
@@ -349,9 +354,17 @@ class Engine:
         t.add("detokenize", seq.detok_s)
         return t
 
-    def _final(self, seq: Sequence, reason: FinishReason, text: str, tokens: int = 0) -> Chunk:
+    def _final(self, seq: Sequence, reason: FinishReason, text: str, tokens: int = 0,
+               drafted: tuple[int, int] = (0, 0)) -> Chunk:
         t = self._timings(seq, time.perf_counter())
-        usage = Usage(len(seq.prompt), len(seq.output), cached_tokens=seq.cached)
+        p = seq.prediction  # what the predicted answer gave: its drafts, kept and not
+        details = None
+        if p is not None:
+            proposed, accepted = p.proposed + drafted[0], p.accepted + drafted[1]
+            details = {"accepted_prediction_tokens": accepted,
+                       "rejected_prediction_tokens": proposed - accepted}
+        usage = Usage(len(seq.prompt), len(seq.output), cached_tokens=seq.cached,
+                      completion_details=details)
         return Chunk(text=text, tokens=tokens, finish_reason=reason, usage=usage, timings=t)
 
 

@@ -305,6 +305,11 @@ class Scheduler:
     def _draft(self, seq: Sequence, decoding: int, spare: int) -> list[int]:
         """Draft tokens for `seq` this step (any sequence: see speculative.py), never past
         its max_tokens, none while the batch is busy."""
+        if seq.prediction is not None:  # the client's predicted answer, drafted from first
+            if decoding > seq.prediction.s.max_decoding or spare <= 0:
+                return []
+            limit = min(spare, seq.sampling.max_tokens - len(seq.output) - 1)
+            return seq.prediction.propose(seq.output, limit)
         s = self.drafter
         if s is None or decoding > s.max_decoding or spare <= 0:
             return []
@@ -317,7 +322,9 @@ class Scheduler:
     def verified(self, seq: Sequence, proposed: int, accepted: int) -> None:
         """`seq`'s draft of `proposed` tokens had its first `accepted` taken: the rest are
         not its tokens; forget them, and their cells before the next step."""
-        if seq.lookup is not None:
+        if seq.prediction is not None:
+            seq.prediction.verified(proposed, accepted)
+        elif seq.lookup is not None:
             seq.lookup.verified(proposed, accepted)
         drop = proposed - accepted
         if drop <= 0 or seq.slot is None:

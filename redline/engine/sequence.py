@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 from redline.engine.detok import Detokenizer
 from redline.engine.sampling import Sampler
-from redline.engine.speculative import NgramIndex
+from redline.engine.speculative import NgramIndex, Prediction
 from redline.types import Chunk, Presence, SamplingParams, TokenLogprob
 
 TIER_RANK = {"S": 0, "A": 1, "B": 2}  # lower goes first
@@ -50,6 +50,7 @@ class Sequence:
     first_token_at: float | None = None
     detok_s: float = 0.0
     lookup: NgramIndex | None = None  # its n-grams, once it drafts (speculative decoding)
+    prediction: Prediction | None = None  # the client's predicted answer, drafted from
     # the prompt's own log-probabilities, scored as it is computed (SamplingParams.
     # prompt_logprobs): entry i is prompt token i + 1's
     prompt_lps: list[TokenLogprob] = field(default_factory=list)

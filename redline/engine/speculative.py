@@ -89,3 +89,58 @@ class NgramIndex:
             if end is not None:
                 return tokens[end + 1: end + 1 + limit]
         return []
+
+
+# OpenAI's Predicted Outputs: the client's guess at the answer is a draft source of its own.
+# A guess that is mostly right (a code edit: the code as it was) keeps drafts long; the
+# batch rule is the n-gram drafter's (none while more than two sequences decode)
+PREDICTED = NgramSettings(max_draft=8, min_match=2, max_match=4, max_decoding=2)
+
+
+class Prediction:
+    """Drafts from a predicted answer (`prediction` in chat completions). While the answer
+    so far is the prediction's beginning, the draft is what comes next in it; once they
+    part, the answer's last n tokens are looked up in the prediction (the first place at
+    or after where the last draft came from, else the first anywhere) and what followed
+    them there is the draft, so an edit in the middle picks the prediction up again after
+    it. Drafts only change speed: the engine keeps a drafted token only where the model
+    chose it too (see above)."""
+
+    def __init__(self, tokens: list[int], settings: NgramSettings | None = None) -> None:
+        settings = self.s = settings or PREDICTED
+        self.tokens = tokens
+        self.aligned = 0  # the answer's first `aligned` tokens are the prediction's; -1: parted
+        self.cursor = 0  # where in the prediction the last draft came from
+        self.length = settings.max_draft
+        self.proposed = 0  # draft tokens proposed in all (usage: prediction tokens)
+        self.accepted = 0  # of those, the ones the model chose too
+        self.ends: dict[tuple[int, ...], list[int]] = {}
+        for n in range(settings.min_match, settings.max_match + 1):
+            for end in range(n - 1, len(tokens)):
+                self.ends.setdefault(tuple(tokens[end - n + 1: end + 1]), []).append(end)
+
+    def verified(self, proposed: int, accepted: int) -> None:
+        self.proposed += proposed
+        self.accepted += accepted
+        if proposed:
+            self.length = (min(self.s.max_draft, self.length + 2) if accepted == proposed
+                           else max(1, self.length - 1))
+
+    def propose(self, output: list[int], limit: int) -> list[int]:
+        """Up to `limit` tokens likely to follow the answer so far (`output`)."""
+        limit = min(limit, self.length)
+        if limit <= 0:
+            return []
+        if self.aligned >= 0:
+            n = len(output)
+            if n <= len(self.tokens) and output[self.aligned:] == self.tokens[self.aligned:n]:
+                self.aligned = self.cursor = n
+                return self.tokens[n: n + limit]
+            self.aligned = -1
+        for n in range(min(self.s.max_match, len(output)), self.s.min_match - 1, -1):
+            ends = self.ends.get(tuple(output[-n:]))
+            if ends:
+                end = next((e for e in ends if e >= self.cursor), ends[0])
+                self.cursor = end + 1
+                return self.tokens[end + 1: end + 1 + limit]
+        return []
