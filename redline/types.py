@@ -55,6 +55,13 @@ DEFAULTS: dict[str, tuple[Any, ...]] = {
 }
 
 
+# vLLM's structured outputs: in `extra` (a remote engine gets them as sent), and honoured by
+# the embedded engine's grammar (backends/local_features.py `guided`): `structured_outputs`
+# (vLLM >= 0.10) with one of these keys, or the older top-level `guided_*` fields
+GUIDED = ("guided_json", "guided_choice", "guided_grammar", "structured_outputs")
+GUIDED_KINDS = ("json", "choice", "grammar", "json_object")
+
+
 def _says(value: Any) -> bool:
     """Whether a field's value carries anything (null, "", [] and {} do not)."""
     return value is not None and value != "" and value != [] and value != {}
@@ -278,7 +285,8 @@ class GenerationRequest:
         out = {"chat" if self.is_chat else "completions"}
         if self.tools and (self.tool_choice is None or self.tool_choice.mode != "none"):
             out.add("tools")
-        if self.response_format is not None and self.response_format.type != "text":
+        if (self.response_format is not None and self.response_format.type != "text") \
+                or any(self.extra.get(k) is not None for k in GUIDED):
             out.add("json_schema")
         if self.sampling.logprobs or self.sampling.top_logprobs:
             out.add("logprobs")
@@ -299,8 +307,13 @@ class GenerationRequest:
         engine), and a remote one gets it as sent."""
         # a top-level null is a field not sent; an empty object may mean something here
         # (`web_search_options: {}` turns search on), so only DEFAULTS' values say nothing
-        out = [k for k, v in self.extra.items() if k not in HINTS and v is not None
+        out = [k for k, v in self.extra.items() if k not in HINTS and k not in GUIDED
+               and v is not None
                and not any(v == d and type(v) is type(d) for d in DEFAULTS.get(k, ()))]
+        outputs = self.extra.get("structured_outputs")
+        if isinstance(outputs, dict):  # what of it the grammar does not serve (regex, ...)
+            out += [f"structured_outputs.{k}" for k, v in outputs.items()
+                    if k not in GUIDED_KINDS and v is not None and v is not False]
         for i, m in enumerate(self.messages or ()):
             out += [f"messages[{i}].{k}" for k, v in m.extra.items() if _says(v)
                      and not (m.role == "assistant" and k in PAST_REASONING)]

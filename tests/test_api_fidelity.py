@@ -162,8 +162,10 @@ def test_fields_pass_through_and_extensions_do_not(servers: Any) -> None:
                     # vLLM's sampling fields, which the embedded engine honours too
                     "min_p": 0.05, "repetition_penalty": 1.1, "min_tokens": 0,
                     "stop_token_ids": [7], "include_stop_str_in_output": True,
-                    "prediction": {"type": "content", "content": "It is sunny."}})
+                    "prediction": {"type": "content", "content": "It is sunny."},
+                    "structured_outputs": {"regex": "[a-z]+"}})
     sent = httpx.get(f"{up}/last").json()
+    assert sent["structured_outputs"] == {"regex": "[a-z]+"}  # the engine's to serve
     assert sent["prediction"] == {"type": "content", "content": "It is sunny."}
     assert (sent["store"], sent["service_tier"]) == (False, "auto")
     assert (sent["min_p"], sent["repetition_penalty"], sent["min_tokens"]) == (0.05, 1.1, 0)

@@ -3,6 +3,7 @@ from its own logits, and a 400 with `param` for what it does not serve."""
 
 from __future__ import annotations
 
+import json
 import math
 import uuid
 from typing import Any
@@ -188,6 +189,61 @@ def test_a_predicted_answer_is_the_same_and_usage_counts_the_prediction(
         with pytest.raises(openai.BadRequestError) as err:
             c.chat.completions.create(model=SMOL, messages=ask, max_tokens=2, prediction=bad)  # type: ignore[arg-type]
         assert err.value.body["param"] == param  # type: ignore[index]
+
+
+@pytest.mark.parametrize("extra", [
+    {"structured_outputs": {"choice": ["positive", "negative", "neutral"]}},
+    {"guided_choice": ["positive", "negative", "neutral"]},
+])
+def test_vllm_choice_constrains_the_answer_to_one_of_them(smol_server: Any,
+                                                         extra: dict[str, Any]) -> None:
+    c = client(smol_server)
+    ask = [{"role": "user", "content": "Is this review positive or negative? 'I loved it.'"}]
+    for seed in range(3):
+        r = c.chat.completions.create(model=SMOL, messages=ask, max_tokens=8, temperature=1.0,
+                                      seed=seed, extra_body={"cache": False, **extra})
+        assert r.choices[0].message.content in ("positive", "negative", "neutral")
+
+
+def test_vllm_json_and_grammar_constrain_the_answer(smol_server: Any) -> None:
+    c = client(smol_server)
+    ask = [{"role": "user", "content": "Give a city and its country as JSON."}]
+    schema = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 12},
+                                               "country": {"type": "string", "maxLength": 12}},
+              "required": ["city", "country"], "additionalProperties": False}
+    for extra in ({"structured_outputs": {"json": schema}}, {"guided_json": json.dumps(schema)}):
+        r = c.chat.completions.create(model=SMOL, messages=ask, max_tokens=60, temperature=0,
+                                      extra_body={"cache": False, **extra})
+        got = json.loads(r.choices[0].message.content or "")
+        assert set(got) == {"city", "country"}
+    gbnf = 'root ::= "yes" | "no" | "maybe " [0-9]'
+    for extra in ({"structured_outputs": {"grammar": gbnf}}, {"guided_grammar": gbnf}):
+        r = c.chat.completions.create(model=SMOL, messages=ask, max_tokens=8, temperature=1.0,
+                                      seed=1, extra_body={"cache": False, **extra})
+        text = r.choices[0].message.content or ""
+        assert text in ("yes", "no") or (text[:-1] == "maybe " and text[-1].isdigit()), text
+    r = c.completions.create(model=SMOL, prompt="A JSON object:", max_tokens=40, temperature=0,
+                             extra_body={"structured_outputs": {"json_object": True}})
+    assert isinstance(json.loads(r.choices[0].text), dict)
+
+
+@pytest.mark.parametrize(("extra", "param"), [
+    ({"structured_outputs": {"regex": "[a-z]+"}}, "structured_outputs.regex"),
+    ({"guided_regex": "[a-z]+"}, "guided_regex"),
+    ({"structured_outputs": {"choice": ["a"], "json": {}}}, "structured_outputs"),
+    ({"guided_choice": ["a"], "guided_json": {}}, "guided_json"),
+    ({"guided_choice": []}, "guided_choice"),
+    ({"guided_json": "{not json"}, "guided_json"),
+    ({"guided_grammar": "root ::= missing"}, "guided_grammar"),
+    ({"guided_choice": ["a"], "response_format": {"type": "json_object"}}, "guided_choice"),
+])
+def test_vllm_structured_outputs_it_cannot_serve_are_a_400(smol_server: Any,
+                                                          extra: dict[str, Any],
+                                                          param: str) -> None:
+    with pytest.raises(openai.BadRequestError) as err:
+        client(smol_server).chat.completions.create(model=SMOL, messages=ASK, max_tokens=4,
+                                                    extra_body=extra)
+    assert err.value.body["param"] == param  # type: ignore[index]
 
 
 def test_an_answer_sent_back_as_it_came_is_taken(smol_server: Any) -> None:

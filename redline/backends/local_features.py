@@ -1,5 +1,6 @@
 """What the embedded engine makes of a request beyond plain text: the tool prompt, the
-grammar that constrains the answer (`response_format`, a forced tool call), and the parse
+grammar that constrains the answer (`response_format`, vLLM's structured outputs, a forced
+tool call), and the parse
 of tool calls out of the generated text.
 
 `prepare` raises InvalidRequest (with `param`) for what the engine cannot enforce, before
@@ -9,13 +10,14 @@ the vocabulary in `logit_bias` or `stop_token_ids`."""
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from redline.engine.grammar import JSON_OBJECT, schema_grammar
 from redline.engine.tools import ToolCallParser, grammar, offered, render
 from redline.errors import InvalidRequest
-from redline.types import Chunk, GenerationRequest, Message, SamplingParams
+from redline.types import GUIDED, GUIDED_KINDS, Chunk, GenerationRequest, Message, SamplingParams
 
 
 @dataclass(frozen=True)
@@ -37,19 +39,77 @@ def prepare(request: GenerationRequest, n_vocab: int) -> Prepared:
             raise InvalidRequest(f"stop_token_ids: token {stop_id} is not in this model's "
                                  f"vocabulary (0..{n_vocab - 1}).", param="stop_token_ids")
     gbnf, param = _format_grammar(request), "response_format"
+    constrained = guided(request)
+    if constrained is not None:
+        if gbnf is not None:
+            raise InvalidRequest(f"{constrained[1]} and a JSON response_format cannot both "
+                                 "constrain one answer.", param=constrained[1])
+        gbnf, param = constrained
     messages = request.messages
     tools = offered(request.tools, request.tool_choice)
     if tools and messages is not None:
         forced = grammar(request.tools, request.tool_choice, request.parallel_tool_calls)
         if forced is not None:
             if gbnf is not None:
-                raise InvalidRequest("A forced tool call and a JSON response_format cannot "
-                                     "both constrain one answer.", param="response_format")
+                raise InvalidRequest(f"A forced tool call and {param} cannot both constrain "
+                                     "one answer.", param=param)
             gbnf, param = forced, "tools"
     if messages is not None and (tools or any(m.tool_calls or m.role == "tool" for m in messages)):
         messages = render(messages, request.tools, request.tool_choice)
     sampling = s if gbnf is None else dataclasses.replace(s, grammar=gbnf)
     return Prepared(messages, sampling, bool(tools) and messages is not None, param)
+
+
+def guided(request: GenerationRequest) -> tuple[str, str] | None:
+    """vLLM's structured outputs as a grammar, and the field it comes from (for a 400):
+    `structured_outputs` with one of json (a JSON Schema, or its JSON text), choice (a
+    list of strings: the answer is one of them), grammar (GBNF, as xgrammar and llama.cpp
+    take it) or json_object; or the older guided_json, guided_choice, guided_grammar."""
+    asked = [(k, v) for k, v in request.extra.items() if k in GUIDED and v is not None]
+    if not asked:
+        return None
+    if len(asked) > 1:
+        raise InvalidRequest(f"{asked[0][0]} and {asked[1][0]} cannot both constrain one "
+                             "answer.", param=asked[1][0])
+    field, value = asked[0]
+    if field == "structured_outputs":
+        if not isinstance(value, dict):
+            raise InvalidRequest("structured_outputs must be an object.", param=field)
+        kinds = [k for k in GUIDED_KINDS if value.get(k) not in (None, False)]
+        if len(kinds) != 1:
+            raise InvalidRequest("structured_outputs takes exactly one of "
+                                 f"{', '.join(GUIDED_KINDS)}.", param=field)
+        kind, value, field = kinds[0], value[kinds[0]], f"structured_outputs.{kinds[0]}"
+    else:
+        kind = field.removeprefix("guided_")
+    if kind == "json_object":
+        if value is not True:
+            raise InvalidRequest("json_object must be true.", param=field)
+        return JSON_OBJECT, field
+    if kind == "json":
+        if isinstance(value, str):
+            try:
+                value = json.loads(value)
+            except ValueError as exc:
+                raise InvalidRequest("The JSON Schema is not valid JSON.", param=field) from exc
+        if not isinstance(value, dict):
+            raise InvalidRequest("The JSON Schema must be an object.", param=field)
+        return schema_grammar(value, field), field
+    if kind == "choice":
+        if not isinstance(value, list) or not value or \
+                not all(isinstance(c, str) and c for c in value):
+            raise InvalidRequest("The choices must be a list of non-empty strings.", param=field)
+        return "root ::= " + " | ".join(_literal(c) for c in value), field
+    if not isinstance(value, str) or not value.strip():
+        raise InvalidRequest("The grammar must be GBNF text.", param=field)
+    return value, field
+
+
+def _literal(text: str) -> str:
+    """`text` as a GBNF string literal."""
+    escaped = (text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+               .replace("\r", "\\r").replace("\t", "\\t"))
+    return f'"{escaped}"'
 
 
 def _format_grammar(request: GenerationRequest) -> str | None:
