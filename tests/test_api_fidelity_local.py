@@ -8,6 +8,7 @@ import math
 import uuid
 from typing import Any
 
+import httpx
 import openai
 import pytest
 from conftest import SMOL
@@ -326,13 +327,37 @@ def test_a_list_of_prompts_is_one_choice_per_prompt_and_n(smol_server: Any) -> N
         alone[0].usage.prompt_tokens + alone[1].usage.prompt_tokens
 
 
-@pytest.mark.parametrize(("prompt", "n", "says"), [
-    ([1, 2, 3], 1, "token ids"), ([[1, 2], [3]], 1, "token ids"), ([], 1, "empty"),
-    (PROMPTS, 3, "9 choices"),  # the server's max_n is 8
+@pytest.mark.parametrize(("prompt", "n", "says", "param"), [
+    ([], 1, "empty", "prompt"), (PROMPTS, 3, "9 choices", "prompt"),  # max_n is 8
+    ([[1, 2], []], 1, "non-empty", "prompt[1]"), ([1, "a"], 1, "Invalid value", "prompt"),
+    ([10 ** 7], 1, "vocabulary", "prompt"),
 ])
 def test_prompt_lists_redline_cannot_serve_are_a_400(smol_server: Any, prompt: Any, n: int,
-                                                     says: str) -> None:
+                                                     says: str, param: str) -> None:
     with pytest.raises(openai.BadRequestError) as err:
         client(smol_server).completions.create(model=SMOL, prompt=prompt, max_tokens=2, n=n)
-    assert err.value.body["param"] == "prompt"  # type: ignore[index]
+    assert err.value.body["param"] == param  # type: ignore[index]
     assert says in err.value.body["message"]  # type: ignore[index]
+
+
+def test_a_prompt_of_token_ids_is_the_same_prompt_as_its_text(smol_server: Any) -> None:
+    """vLLM's token-id prompts (what lm-evaluation-harness sends by default): the same
+    answer as the text they tokenize from, one choice per list, echo as their text; `auto`
+    is a 400 (ids mean a token only in one model's vocabulary)."""
+    c = client(smol_server)
+    text = "The capital of France is"
+    ids = httpx.post(f"{smol_server.url}/tokenize",
+                     json={"model": SMOL, "prompt": text}).json()["tokens"]
+    plain = c.completions.create(model=SMOL, prompt=text, max_tokens=5, temperature=0,
+                                 extra_body={"cache": False})
+    by_ids = c.completions.create(model=SMOL, prompt=ids, max_tokens=5, temperature=0)
+    assert by_ids.choices[0].text == plain.choices[0].text
+    assert by_ids.usage is not None and by_ids.usage.prompt_tokens == len(ids)
+    two = c.completions.create(model=SMOL, prompt=[ids, ids[:3]], max_tokens=5, temperature=0,
+                               logprobs=1, echo=True)
+    first = next(ch for ch in two.choices if ch.index == 0)
+    assert first.text == text + plain.choices[0].text
+    assert first.logprobs is not None and len(first.logprobs.tokens or []) == len(ids) + 5
+    with pytest.raises(openai.BadRequestError) as err:
+        c.completions.create(model="auto", prompt=ids, max_tokens=2)
+    assert err.value.body["param"] == "model"  # type: ignore[index]

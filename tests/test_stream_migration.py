@@ -207,6 +207,19 @@ def test_a_stream_of_tool_calls_does_not_move(live_app: Any, tmp_path: Any) -> N
     assert sum(s["continued"] for s in stats(urls)) == 0
 
 
+def test_a_completion_of_token_ids_does_not_move() -> None:
+    """Its continuation would be the ids and the text so far, which no body can say."""
+    from redline.backends.continuation import why_not
+    from redline.types import GenerationRequest, SamplingParams
+
+    req = GenerationRequest(model="m", sampling=SamplingParams(), prompt="",
+                            prompt_ids=((1, 2, 3),))
+    assert why_not(req, "continue_final_message") == \
+        "its prompt is token ids, and the text so far is not"
+    assert why_not(GenerationRequest(model="m", sampling=SamplingParams(), prompt="x"),
+                   "continue_final_message") is None
+
+
 def _closed_port() -> int:
     from conftest import free_port
 

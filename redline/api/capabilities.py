@@ -19,6 +19,7 @@ from redline.config import ModelConfig, RedlineConfig
 from redline.engine.grammar import schema_grammar
 from redline.engine.tools import grammar as tool_grammar
 from redline.errors import InvalidRequest
+from redline.routing.names import AUTO
 from redline.types import GenerationRequest
 
 
@@ -33,6 +34,9 @@ def check(config: RedlineConfig, request: GenerationRequest) -> None:
         raise InvalidRequest(f"{len(request.prompts)} prompts of n={request.sampling.n} are "
                              f"{request.choices} choices; this server allows at most "
                              f"{config.server.max_n}.", param="prompt")
+    if request.prompt_ids and request.model == AUTO:
+        raise InvalidRequest("A prompt of token ids names its model: ids mean a token only in "
+                             "that model's vocabulary.", param="model")
     model = next((m for m in config.models if m.name == request.model), None)
     if model is not None and model.backend == "local":
         _local(model, request)

@@ -248,12 +248,13 @@ class CompletionRequest(_SamplingFields):
     echo: bool = False
 
     def to_generation(self, tier: str | None, tenant: str, no_cache: bool = False) -> GenerationRequest:
-        prompts = _prompts(self.prompt)
+        prompts, ids = _prompts(self.prompt)
         gen = self._request(
             tier, tenant, no_cache,
             self.sampling(self.max_tokens or 16, self.logprobs is not None, self.logprobs),
-            prompt=prompts[0], prompts=prompts if len(prompts) > 1 else (), echo=self.echo)
-        if gen.echo:  # the cache keeps answers, not prompts
+            prompt=prompts[0], prompts=prompts if len(prompts) > 1 else (), echo=self.echo,
+            prompt_ids=ids)
+        if gen.echo or ids:  # the cache keeps answers to text, not prompts
             gen.use_cache = False
         return gen
 
@@ -277,16 +278,27 @@ def _prediction(raw: dict[str, Any] | None) -> str | None:
                          param="prediction.content")
 
 
-def _prompts(prompt: str | list[str] | list[int] | list[list[int]]) -> tuple[str, ...]:
-    """A completion's prompts as text: one string, or a list of several (one choice each)."""
+def _prompts(prompt: str | list[str] | list[int] | list[list[int]],
+             ) -> tuple[tuple[str, ...], tuple[tuple[int, ...], ...]]:
+    """A completion's prompts (one choice each): as text (one string, or a list of
+    several), or as token ids (one list of ids, or a list of such lists); the other is
+    empty."""
     if isinstance(prompt, str):
-        return (prompt,)
+        return (prompt,), ()
     if not prompt:
         raise InvalidRequest("'prompt' is an empty list.", param="prompt")
-    if not all(isinstance(p, str) for p in prompt):
-        raise InvalidRequest("'prompt' as token ids is not served by redline: send the text "
-                             "(a string or a list of strings).", param="prompt")
-    return tuple(p for p in prompt if isinstance(p, str))
+    if all(isinstance(p, str) for p in prompt):
+        return tuple(p for p in prompt if isinstance(p, str)), ()
+    lists: list[Any] = [prompt] if all(isinstance(p, int) for p in prompt) else list(prompt)
+    ids: list[tuple[int, ...]] = []
+    for i, p in enumerate(lists):
+        if not isinstance(p, list) or not p or \
+                not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in p):
+            raise InvalidRequest("'prompt' is a string, a list of strings, a list of token ids "
+                                 "or a list of such lists (non-empty, ids >= 0), not a mix.",
+                                 param="prompt" if len(lists) == 1 else f"prompt[{i}]")
+        ids.append(tuple(p))
+    return ("",) * len(ids), tuple(ids)
 
 
 def _tools(raw: list[dict[str, Any]] | None) -> tuple[FunctionTool, ...]:

@@ -40,6 +40,8 @@ def why_not(request: GenerationRequest, mode: Mode) -> str | None:
         return "its engine cannot continue a partial assistant message"
     if request.choices != 1:
         return "it has several choices"
+    if request.prompt_ids:
+        return "its prompt is token ids, and the text so far is not"
     fmt = request.response_format
     if fmt is not None and fmt.type != "text":  # a grammar would restart from the prefix
         return "its response_format constrains the answer from its start"

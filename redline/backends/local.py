@@ -128,6 +128,8 @@ class LocalBackend:
         prompt with or without the BOS token (`add_special`; default: with)."""
         if self.model is None:
             raise NotReady("the model is still loading", retry_after=1)
+        if request.prompt_ids:
+            return self._ids(request.prompt_ids[0])
         if request.messages is None and add_special is False:
             return self.model.tokenize(request.prompt or "", add_special=False,
                                        parse_special=False)
@@ -158,8 +160,10 @@ class LocalBackend:
         if prepared.sampling.grammar is not None:
             self._check_grammar(prepared.sampling.grammar, prepared.grammar_param)
         # one token list per prompt (a text completion may send several)
-        prompts = [self._checked(self.prompt_tokens(request, prepared.messages, p), request)
-                   for p in request.prompts or (None,)]
+        lists = ([self._ids(ids) for ids in request.prompt_ids] if request.prompt_ids else
+                 [self.prompt_tokens(request, prepared.messages, p)
+                  for p in request.prompts or (None,)])
+        prompts = [self._checked(tokens, request) for tokens in lists]
         tokenize_s = time.perf_counter() - t0
         engine, model = self.engine, self.model
         sampling = prepared.sampling
@@ -167,7 +171,8 @@ class LocalBackend:
         if echo and sampling.logprobs:  # the engine scores the prompt too
             sampling = dataclasses.replace(sampling, prompt_logprobs=sampling.top_logprobs or 0)
         n = sampling.n
-        texts = request.prompts or (request.prompt or "",)
+        texts = ([self.text_of(list(ids))[0] for ids in request.prompt_ids] if request.prompt_ids
+                 else request.prompts or (request.prompt or "",))
         predicted = None if not request.prediction else model.tokenize(
             request.prediction, add_special=False, parse_special=False)
 
@@ -187,6 +192,15 @@ class LocalBackend:
             if chunk.timings is not None:
                 chunk.timings.add("tokenize", tokenize_s)
             yield chunk
+
+    def _ids(self, ids: tuple[int, ...]) -> list[int]:
+        """A prompt of token ids, each in this model's vocabulary."""
+        assert self.model is not None
+        bad = next((t for t in ids if t >= self.model.n_vocab), None)
+        if bad is not None:
+            raise InvalidRequest(f"'prompt' holds token {bad}, not in this model's vocabulary "
+                                 f"(0..{self.model.n_vocab - 1}).", param="prompt")
+        return list(ids)
 
     def _checked(self, tokens: list[int], request: GenerationRequest) -> list[int]:
         """A prompt's tokens, which with max_tokens must fit a sequence's context."""
@@ -250,6 +264,8 @@ class LocalBackend:
         if self.model is None or request.tools or len(request.prompts) > 1 \
                 or (request.is_chat and not self.cfg.has("chat")):
             return None
+        if request.prompt_ids:
+            return list(request.prompt_ids[0])
         try:
             return self.prompt_tokens(request)
         except InvalidRequest:  # no chat template: the stream says so

@@ -96,7 +96,11 @@ def request_body(request: GenerationRequest, model: str) -> tuple[str, dict[str,
         "include_stop_str_in_output": s.include_stop_str_in_output}
     body.update((k, v) for k, v in optional.items() if v is not None)
     if request.messages is None:
-        body["prompt"] = list(request.prompts) if request.prompts else request.prompt or ""
+        if request.prompt_ids:  # token ids, as the client sent them
+            ids = [list(p) for p in request.prompt_ids]
+            body["prompt"] = ids if len(ids) > 1 else ids[0]
+        else:
+            body["prompt"] = list(request.prompts) if request.prompts else request.prompt or ""
         if s.logprobs:
             body["logprobs"] = s.top_logprobs or 0
         if request.echo:

@@ -498,7 +498,7 @@ def _prompt_tokens(request: GenerationRequest) -> int:
     a list is prefilled."""
     prompts = request.prompts or (request.prompt or "",)
     n = sum(len(p) for p in prompts) + sum(len(m.content) for m in request.messages or ())
-    return max(1, n // 4)
+    return max(1, n // 4 + sum(len(ids) for ids in request.prompt_ids))
 
 
 def _build_classifier(kind: str, embedder_threads: int = 1,
