@@ -75,7 +75,7 @@ def test_what_the_engine_does_not_serve_is_a_400(smol_server: Any, extra: dict[s
 
 
 @pytest.mark.parametrize(("extra", "param"), [
-    ({"store": True}, "store"), ({"service_tier": "flex"}, "service_tier"),
+    ({"service_tier": "flex"}, "service_tier"),
     ({"modalities": ["text", "audio"]}, "modalities"), ({"echo": True}, "echo"),
     ({"skip_special_tokens": False}, "skip_special_tokens"),
     ({"stop_token_ids": [10 ** 7]}, "stop_token_ids"), ({"min_tokens": 9}, "min_tokens"),
@@ -102,6 +102,18 @@ def test_fields_at_the_value_every_engine_serves_are_taken(smol_server: Any) -> 
                                   extra_body={"cache": False, "skip_special_tokens": True,
                                               "echo": False, "chat_template_kwargs": {}})
     assert r.choices[0].message.content == plain.choices[0].message.content
+
+
+def test_a_stored_completion_of_the_embedded_engine(smol_server: Any) -> None:
+    """`store: true` with metadata (what Qwen Code sends on every call) is kept by redline,
+    whichever engine answers: read back as answered."""
+    c = client(smol_server)
+    r = c.chat.completions.create(model=SMOL, messages=ASK, max_tokens=6, temperature=0,
+                                  store=True, metadata={"sessionId": "s1", "promptId": "p1"})
+    got = c.chat.completions.retrieve(r.id)
+    assert got.choices[0].message.content == r.choices[0].message.content
+    assert r.id in [x.id for x in c.chat.completions.list(metadata={"sessionId": "s1"})]
+    c.chat.completions.delete(r.id)
 
 
 def test_vllm_sampling_fields_are_honoured(smol_server: Any) -> None:

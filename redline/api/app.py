@@ -20,6 +20,7 @@ from fastapi import FastAPI
 from redline.api import (
     admin_routes,
     batch_routes,
+    chat_store_routes,
     conversations_routes,
     embeddings_routes,
     errors,
@@ -108,6 +109,7 @@ def create_app(config: RedlineConfig, backends: Mapping[str, Backend] | None = N
     app.include_router(messages_routes.router)
     app.include_router(responses_routes.router)
     app.include_router(conversations_routes.router)
+    app.include_router(chat_store_routes.router)
     app.include_router(stream_routes.router)
     app.include_router(jobs_routes.router)
     app.include_router(batch_routes.router)

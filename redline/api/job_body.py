@@ -16,7 +16,7 @@ from redline.api.chunks import ChunkEncoder
 from redline.api.embeddings import EmbeddingRequest, as_request, check_model, embed_told
 from redline.api.errors import validated
 from redline.api.responses_run import Run, context_of, fields_named
-from redline.api.schemas import ChatCompletionRequest, CompletionRequest
+from redline.api.schemas import ChatCompletionRequest, CompletionRequest, not_storable
 from redline.api.unicode import check_text
 from redline.backends.openai_wire import error_message
 from redline.config import RedlineConfig
@@ -52,6 +52,7 @@ def decode_body(url: str, body: dict[str, Any]) -> JobSpec:
         return JobSpec(endpoint=endpoint, model=asked.model, sampling={}, tier=asked.tier,
                        body=body)
     parsed = _parsed(endpoint, body)
+    not_storable(parsed)  # what is kept is what the route answered
     return JobSpec.of(endpoint, parsed.to_generation(parsed.tier, "anonymous"), body=body)
 
 

@@ -10,10 +10,11 @@ from fastapi.responses import Response
 from starlette.types import Scope
 
 from redline.api import capabilities, jobs_routes, sse, stream_takeover
+from redline.api.chat_store_routes import stored
 from redline.api.chunks import ChunkEncoder, Kind
 from redline.api.embeddings_routes import LOCAL_MODEL as LOCAL_EMBEDDINGS
 from redline.api.embeddings_routes import local_available
-from redline.api.schemas import ChatCompletionRequest, CompletionRequest
+from redline.api.schemas import ChatCompletionRequest, CompletionRequest, not_storable
 from redline.api.services import Services, services_of
 from redline.api.tenant import tenant_from
 from redline.api.unicode import check_text
@@ -134,13 +135,15 @@ async def serve(services: Services, request: Request,
     capabilities.check(services.config, gen)  # n, the embedded engine's fields
     pipeline = services.pipeline
     await services.gate.check(request.scope, gen)  # a key's allowlist and budget, jobs too
+    storing = isinstance(body, ChatCompletionRequest) and bool(body.store)
     if jobs_routes.wants_job(body, gen, pipeline):  # tier B or "background": 202 + a job
+        not_storable(body)
         return await jobs_routes.accept(request, body, gen, gen_kind)
     request_id = asked.get(b"x-request-id") or gen.id
     streams = services.streams
     # arm, cache, route plan (a 404 or a capability's 400 here): nothing sent yet
     prepared = await pipeline.prepare(gen)
-    if prepared.would_miss:  # allow_background: a job now beats a first token past the budget
+    if prepared.would_miss and not storing:  # allow_background: a job beats a late first token
         response = await jobs_routes.accept(request, body, gen, gen_kind)
         response.headers["X-Redline-Degraded"] = "background"
         return response
@@ -150,6 +153,9 @@ async def serve(services: Services, request: Request,
     parts = (_StreamParts(gen, gen_kind, body.include_usage, streams, prepared.model, prepared.tier)
              if body.stream else None)
     completion = await pipeline.open(prepared)
+    if storing:  # kept once whole (OpenAI's stored completions)
+        assert isinstance(body, ChatCompletionRequest)
+        completion.chunks = stored(services, body, gen, completion, completion.chunks)
     if parts is not None:
         if (parts.model, parts.tier) != (completion.model, completion.tier):  # a fallback
             parts = _StreamParts(gen, gen_kind, body.include_usage, streams, completion.model,

@@ -224,8 +224,23 @@ class ChatCompletionRequest(_SamplingFields):
     logprobs: bool | None = None
     top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
     prediction: dict[str, Any] | None = None  # OpenAI's Predicted Outputs
+    # OpenAI's stored completions: redline keeps the answer (api/chat_store_routes.py)
+    store: bool | None = None
+    metadata: dict[str, str] | None = None
+
+    @field_validator("metadata")
+    @classmethod
+    def _metadata(cls, v: dict[str, str] | None) -> dict[str, str] | None:
+        if v is not None and (len(v) > 16 or any(len(k) > 64 or len(x) > 512
+                                                  for k, x in v.items())):
+            raise ValueError("at most 16 pairs, keys of at most 64 characters and values of "
+                             "at most 512")
+        return v
 
     def to_generation(self, tier: str | None, tenant: str, no_cache: bool = False) -> GenerationRequest:
+        if self.metadata is not None and not self.store:
+            raise InvalidRequest("The 'metadata' parameter is only allowed when 'store' is "
+                                 "enabled.", param="metadata")
         if self.top_logprobs is not None and not self.logprobs:
             raise InvalidRequest("top_logprobs needs logprobs: true", param="top_logprobs")
         tools = _tools(self.tools)
@@ -257,6 +272,13 @@ class CompletionRequest(_SamplingFields):
         if gen.echo or ids:  # the cache keeps answers to text, not prompts
             gen.use_cache = False
         return gen
+
+
+def not_storable(body: ChatCompletionRequest | CompletionRequest) -> None:
+    """A job answers later and elsewhere: `store` keeps what the route answers only."""
+    if isinstance(body, ChatCompletionRequest) and body.store:
+        raise InvalidRequest("store: true keeps what the chat completions route answers; a "
+                             "background job or a batch line is not stored.", param="store")
 
 
 def _prediction(raw: dict[str, Any] | None) -> str | None:
