@@ -12,6 +12,7 @@ import openai
 import pytest
 from responses_support import Gateway, responses_gateway  # noqa: F401  (the fixture)
 
+
 def _metadata(obj: Any) -> Any:
     """A stored completion's metadata (declared by newer clients, an extra field before)."""
     return getattr(obj, "metadata", None) or (obj.model_extra or {}).get("metadata")
