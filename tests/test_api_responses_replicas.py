@@ -2,7 +2,7 @@
 conversation by previous_response_id whose turns alternate between the replicas is the
 same as on one replica, and a streamed response cut on one replica is resumed on the
 other (starting_after) while it is still being generated, byte for byte; a
-/v1/conversations conversation is one on both."""
+/v1/conversations conversation, and a stored chat completion, are one on both."""
 
 from __future__ import annotations
 
@@ -93,6 +93,24 @@ def test_a_conversation_object_is_shared_by_the_replicas(
         ca.conversations.delete(conv.id)
         with pytest.raises(openai.NotFoundError):
             cb.conversations.items.list(conv.id)
+
+
+def test_a_stored_chat_completion_is_shared_by_the_replicas(
+        replicas: tuple[str, str, str]) -> None:
+    """`store: true` on one replica: listed, read, updated and deleted on the other."""
+    a, b, _ = replicas
+    with _client(a) as ca, _client(b) as cb:
+        r = ca.chat.completions.create(model="remote", max_tokens=3, store=True,
+                                       metadata={"k": "v"},
+                                       messages=[{"role": "user", "content": "hi"}])
+        assert cb.chat.completions.retrieve(r.id).choices[0].message.content == \
+            r.choices[0].message.content
+        assert [c.id for c in cb.chat.completions.list(metadata={"k": "v"})] == [r.id]
+        cb.chat.completions.update(r.id, metadata={"k": "w"})
+        assert [c.id for c in ca.chat.completions.list(metadata={"k": "w"})] == [r.id]
+        ca.chat.completions.delete(r.id)
+        with pytest.raises(openai.NotFoundError):
+            cb.chat.completions.retrieve(r.id)
 
 
 def _cut(url: str, body: dict[str, Any], events: int) -> tuple[str, bytes]:
