@@ -252,6 +252,8 @@ class GenerationRequest:
     # a text completion's prompts as token ids, one tuple each (its `prompt`/`prompts` are
     # then empty text): the model's own vocabulary, so a request that names its model
     prompt_ids: tuple[tuple[int, ...], ...] = ()
+    # fill in the middle: a text completion's answer goes between its prompt and this
+    suffix: str | None = None
     # Predicted Outputs: what the client expects most of the answer to be (its speed, never
     # its text: the embedded engine drafts from it)
     prediction: str | None = None
@@ -280,7 +282,7 @@ class GenerationRequest:
                 and not s.logit_bias
                 and s.presence_penalty is None and s.frequency_penalty is None and not self.extra
                 and s.vllm() == VLLM_UNSET and not self.echo and self.prediction is None
-                and not self.prompt_ids
+                and not self.prompt_ids and self.suffix is None
                 and all(m.parts is None and not m.tool_calls and m.tool_call_id is None
                         and m.name is None and not m.extra for m in self.messages or ()))
 

@@ -188,6 +188,8 @@ def test_text_completions_logprobs_and_n(servers: Any) -> None:
         _whole(direct.completions.create(model="served", **body))
     through.completions.create(model="remote", prompt="Say", max_tokens=2, echo=True)
     assert httpx.get(f"{servers[2]}/last").json()["echo"] is True  # as sent: the engine echoes
+    through.completions.create(model="remote", prompt="def f():", suffix="\n", max_tokens=2)
+    assert httpx.get(f"{servers[2]}/last").json()["suffix"] == "\n"  # the engine fills it
     for ids in ([5, 6, 7], [[5, 6], [7]]):  # token ids, as sent: the engine's vocabulary
         through.completions.create(model="remote", prompt=ids, max_tokens=2)
         assert httpx.get(f"{servers[2]}/last").json()["prompt"] == ids

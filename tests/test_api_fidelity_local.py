@@ -352,6 +352,19 @@ def test_prompt_lists_redline_cannot_serve_are_a_400(smol_server: Any, prompt: A
     assert says in err.value.body["message"]  # type: ignore[index]
 
 
+@pytest.mark.parametrize(("extra", "says"), [
+    ({"suffix": "x"}, "no fill-in-the-middle tokens"),  # SmolLM2 has none
+    ({"suffix": "x", "echo": True}, "no echo"),
+])
+def test_a_suffix_the_model_cannot_fill_is_a_400(smol_server: Any, extra: dict[str, Any],
+                                                 says: str) -> None:
+    with pytest.raises(openai.BadRequestError) as err:
+        client(smol_server).completions.create(model=SMOL, prompt="def f():", max_tokens=2,
+                                               extra_body=extra)
+    assert err.value.body["param"] == "suffix"  # type: ignore[index]
+    assert says in err.value.body["message"]  # type: ignore[index]
+
+
 def test_a_prompt_of_token_ids_is_the_same_prompt_as_its_text(smol_server: Any) -> None:
     """vLLM's token-id prompts (what lm-evaluation-harness sends by default): the same
     answer as the text they tokenize from, one choice per list, echo as their text; `auto`

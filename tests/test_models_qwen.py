@@ -85,3 +85,29 @@ async def test_the_default_large_model_calls_a_tool_when_free_to() -> None:
     assert json.loads("".join(d.arguments or "" for d in calls)) == {"city": "Paris"}
     assert "".join(c.text for c in chunks).strip() == ""
     assert chunks[-1].finish_reason == "tool_calls"
+
+
+async def test_the_default_large_model_fills_in_the_middle() -> None:
+    """A text completion with `suffix`: Qwen2.5-Coder is asked in its FIM tokens (prefix,
+    suffix, middle), and writes what goes between (code completion inside a file)."""
+    cfg = load_config().model(NAME)
+    assert cfg is not None
+    cfg = cfg.model_copy(update={"warmup": False, "n_seq_max": 2, "n_ctx": 512})
+    backend = LocalBackend(cfg, Path(".redline/models"))
+    await backend.start()
+    try:
+        req = GenerationRequest(model=NAME, prompt="def add(a, b):\n    ",
+                                suffix="\n\nprint(add(1, 2))\n",
+                                sampling=SamplingParams(max_tokens=8, temperature=0.0))
+        import llama_cpp as ll
+
+        tokens = backend.tokens_of(req)
+        assert backend.model is not None
+        vocab = backend.model.vocab
+        assert tokens[0] == ll.llama_vocab_fim_pre(vocab)
+        assert tokens[-1] == ll.llama_vocab_fim_mid(vocab)
+        assert ll.llama_vocab_fim_suf(vocab) in tokens
+        text = "".join([c.text async for c in backend.stream(req)])
+    finally:
+        await backend.close()
+    assert text.startswith("return a + b")

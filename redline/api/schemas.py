@@ -261,15 +261,19 @@ class CompletionRequest(_SamplingFields):
     prompt: str | list[str] | list[int] | list[list[int]] = Field(...)
     logprobs: int | None = Field(None, ge=0, le=5)
     echo: bool = False
+    suffix: str | None = None  # fill in the middle: what comes after the completion
 
     def to_generation(self, tier: str | None, tenant: str, no_cache: bool = False) -> GenerationRequest:
         prompts, ids = _prompts(self.prompt)
+        if self.suffix is not None and (self.echo or ids):
+            raise InvalidRequest("suffix (fill in the middle) takes a text prompt and no echo.",
+                                 param="suffix")
         gen = self._request(
             tier, tenant, no_cache,
             self.sampling(self.max_tokens or 16, self.logprobs is not None, self.logprobs),
             prompt=prompts[0], prompts=prompts if len(prompts) > 1 else (), echo=self.echo,
-            prompt_ids=ids)
-        if gen.echo or ids:  # the cache keeps answers to text, not prompts
+            prompt_ids=ids, suffix=self.suffix)
+        if gen.echo or ids or self.suffix is not None:  # the cache keeps answers to text
             gen.use_cache = False
         return gen
 

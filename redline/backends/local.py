@@ -113,6 +113,8 @@ class LocalBackend:
             text = self.model.render_chat(messages)
         else:
             text = (request.prompt if prompt is None else prompt) or ""
+            if request.suffix is not None:  # fill in the middle
+                return self.model.fill_in_middle(text, request.suffix)
         key = (text, chat)
         tokens = self._tokenized.get(key)
         if tokens is None:

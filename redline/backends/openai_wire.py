@@ -105,6 +105,8 @@ def request_body(request: GenerationRequest, model: str) -> tuple[str, dict[str,
             body["logprobs"] = s.top_logprobs or 0
         if request.echo:
             body["echo"] = True
+        if request.suffix is not None:
+            body["suffix"] = request.suffix
         return "/completions", body
     body["messages"] = [message_json(m) for m in request.messages]
     if s.logprobs:

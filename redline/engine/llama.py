@@ -79,6 +79,19 @@ class LlamaModel:
     def is_eog(self, token: int) -> bool:
         return bool(ll.llama_vocab_is_eog(self.vocab, token))
 
+    def fill_in_middle(self, prefix: str, suffix: str) -> list[int]:
+        """The prompt that asks for what goes between `prefix` and `suffix`, in the FIM
+        tokens the model was trained with (prefix, suffix, middle: the order llama.cpp's
+        server and Qwen2.5-Coder use); a 400 for a model that has none."""
+        pre, suf, mid = (ll.llama_vocab_fim_pre(self.vocab), ll.llama_vocab_fim_suf(self.vocab),
+                         ll.llama_vocab_fim_mid(self.vocab))
+        if min(pre, suf, mid) < 0:
+            raise InvalidRequest("suffix: this model has no fill-in-the-middle tokens.",
+                                 param="suffix")
+        bos = [ll.llama_vocab_bos(self.vocab)] if self.add_bos else []
+        return [*bos, pre, *self.tokenize(prefix, add_special=False, parse_special=False), suf,
+                *self.tokenize(suffix, add_special=False, parse_special=False), mid]
+
     @functools.cached_property
     def eog_ids(self) -> np.ndarray:
         """Every end-of-generation token (EOS, EOT, ...): what vLLM's min_tokens holds back."""
