@@ -12,16 +12,16 @@ kept is what the route answered."""
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from typing import Annotated, Any
+from typing import Any
 
 import orjson
 from fastapi import APIRouter, Request
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+from pydantic import BaseModel, ConfigDict, Field
 
 from redline.api.chunks import ChunkEncoder
 from redline.api.errors import validated
 from redline.api.responses_routes import page
-from redline.api.schemas import ChatCompletionRequest
+from redline.api.schemas import ChatCompletionRequest, Metadata
 from redline.api.services import Services, services_of
 from redline.api.tenant import tenant_of
 from redline.api.tokenize_routes import read_json
@@ -32,8 +32,6 @@ from redline.types import Chunk, GenerationRequest, assemble
 
 router = APIRouter()
 
-Metadata = dict[Annotated[str, StringConstraints(max_length=64)],
-                Annotated[str, StringConstraints(max_length=512)]]
 
 
 class UpdateBody(BaseModel):

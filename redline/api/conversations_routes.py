@@ -9,15 +9,16 @@ a 404 on every route, and in a response's `conversation`."""
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Any
 
 from fastapi import APIRouter, Request
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+from pydantic import BaseModel, ConfigDict, Field
 
 from redline.api import responses_request as rq
 from redline.api.errors import validated
 from redline.api.responses_routes import page
 from redline.api.responses_run import conversation_not_found
+from redline.api.schemas import Metadata
 from redline.api.services import services_of
 from redline.api.tenant import tenant_of
 from redline.api.tokenize_routes import read_json
@@ -27,8 +28,6 @@ from redline.responses import Conversation, Conversations
 router = APIRouter()
 
 MAX_ITEMS = 20  # items added by one request, as OpenAI takes them
-Metadata = dict[Annotated[str, StringConstraints(max_length=64)],
-                Annotated[str, StringConstraints(max_length=512)]]
 
 
 class CreateBody(BaseModel):

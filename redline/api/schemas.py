@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Mapping
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import orjson
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator
 
 from redline.errors import InvalidRequest
 from redline.routing.names import parse_tier
@@ -103,6 +103,12 @@ class StreamOptions(_Open):
 class Notify(_Open):
     webhook: str | None = None
     email: str | None = None
+
+
+# OpenAI's metadata: up to 16 pairs (the field's max_length), keys of at most 64 characters,
+# values of at most 512
+Metadata = dict[Annotated[str, StringConstraints(max_length=64)],
+                Annotated[str, StringConstraints(max_length=512)]]
 
 
 class _SamplingFields(_Open):
@@ -226,16 +232,7 @@ class ChatCompletionRequest(_SamplingFields):
     prediction: dict[str, Any] | None = None  # OpenAI's Predicted Outputs
     # OpenAI's stored completions: redline keeps the answer (api/chat_store_routes.py)
     store: bool | None = None
-    metadata: dict[str, str] | None = None
-
-    @field_validator("metadata")
-    @classmethod
-    def _metadata(cls, v: dict[str, str] | None) -> dict[str, str] | None:
-        if v is not None and (len(v) > 16 or any(len(k) > 64 or len(x) > 512
-                                                  for k, x in v.items())):
-            raise ValueError("at most 16 pairs, keys of at most 64 characters and values of "
-                             "at most 512")
-        return v
+    metadata: Metadata | None = Field(None, max_length=16)
 
     def to_generation(self, tier: str | None, tenant: str, no_cache: bool = False) -> GenerationRequest:
         if self.metadata is not None and not self.store:
