@@ -25,6 +25,7 @@ from redline.api.schemas import ChatCompletionRequest, Metadata
 from redline.api.services import Services, services_of
 from redline.api.tenant import tenant_of
 from redline.api.tokenize_routes import read_json
+from redline.closing import aclose
 from redline.errors import NotFound
 from redline.pipeline import Completion
 from redline.responses import StoredCompletion, StoredCompletions
@@ -50,16 +51,20 @@ async def stored(services: Services, body: ChatCompletionRequest, gen: Generatio
     """`chunks` (`c`'s), passed on; once the answer is whole, and before its last chunk
     goes out, it is kept as the ChatCompletion the route answers."""
     got: list[Chunk] = []
-    async for chunk in chunks:
-        got.append(chunk)
-        if chunk.finish_reason is not None and chunk.finish_reason != "error":
-            encoder = ChunkEncoder("chat", gen.id, c.model)
-            completion = orjson.loads(encoder.full(assemble(got, gen.choices),
-                                                   c.usage or chunk.usage, chunk.finish_reason))
-            messages = [m.model_dump(exclude_none=True) for m in body.messages]
-            await completions_of(services).put(StoredCompletion(
-                gen.tenant, completion, messages, dict(body.metadata or {})))
-        yield chunk
+    try:
+        async for chunk in chunks:
+            got.append(chunk)
+            if chunk.finish_reason is not None and chunk.finish_reason != "error":
+                encoder = ChunkEncoder("chat", gen.id, c.model)
+                completion = orjson.loads(encoder.full(assemble(got, gen.choices),
+                                                       c.usage or chunk.usage,
+                                                       chunk.finish_reason))
+                messages = [m.model_dump(exclude_none=True) for m in body.messages]
+                await completions_of(services).put(StoredCompletion(
+                    gen.tenant, completion, messages, dict(body.metadata or {})))
+            yield chunk
+    finally:  # closed early, or failed: the chunks' own end frees the engine's sequence
+        await aclose(chunks)
 
 
 async def _stored_one(request: Request, completion_id: str) -> StoredCompletion:

@@ -7,10 +7,12 @@ completion (the ChatCompletion object as answered, the request's messages, its m
 and its tenant), and `chatcompletions:index:<tenant>` is a hash of the tenant's stored
 completions (id -> created, model, metadata) for listing; it expires with the last of
 them (every write starts its TTL again). A completion belongs to its tenant: a lookup by
-another tenant answers as if it did not exist."""
+another tenant answers as if it did not exist. A record is the standard library's JSON:
+a client's message may hold an integer past 64 bits, which it keeps exactly."""
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -50,7 +52,7 @@ class StoredCompletions:
         body = {"tenant": record.tenant, "completion": record.completion,
                 "messages": record.messages, "metadata": record.metadata,
                 "stored_at": record.stored_at}
-        await self.store.set(PREFIX + record.id, orjson.dumps(body), ttl=self.ttl_s)
+        await self.store.set(PREFIX + record.id, json.dumps(body).encode(), ttl=self.ttl_s)
         entry = {"created": record.completion.get("created", 0), "model":
                  record.completion.get("model"), "metadata": record.metadata,
                  # the order of a list (created has a second's resolution); an update keeps it
@@ -60,7 +62,7 @@ class StoredCompletions:
 
     async def get(self, completion_id: str, tenant: str) -> StoredCompletion | None:
         """The completion, or None when unknown, expired, deleted or another tenant's."""
-        body = await owned(self.store, PREFIX + completion_id, tenant)
+        body = await owned(self.store, PREFIX + completion_id, tenant, json.loads)
         if body is None:
             return None
         return StoredCompletion(body["tenant"], body["completion"], body["messages"],

@@ -8,6 +8,7 @@ its tenant: a lookup by another tenant answers as if it did not exist."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -59,11 +60,12 @@ class ResponseRecords:
         return True
 
 
-async def owned(store: Store, key: str, tenant: str) -> dict[str, Any] | None:
+async def owned(store: Store, key: str, tenant: str,
+                loads: Callable[[bytes], Any] = orjson.loads) -> dict[str, Any] | None:
     """The JSON record at `key` (one with a `tenant`), or None when it is absent or
     another tenant's: to another tenant, a record answers as if it did not exist."""
     raw = await store.get(key)
     if raw is None:
         return None
-    body: dict[str, Any] = orjson.loads(raw)
+    body: dict[str, Any] = loads(raw)
     return body if body.get("tenant") == tenant else None
