@@ -197,6 +197,14 @@ def test_a_predicted_answer_is_the_same_and_usage_counts_the_prediction(
         model=SMOL, messages=ask, max_tokens=30, temperature=0, prediction=parts,  # type: ignore[arg-type]
         stream=True, extra_body={"cache": False}) if ch.choices)
     assert streamed == text
+    # n = 2: each choice drafts from it, and usage adds both choices' counts
+    two = c.chat.completions.create(model=SMOL, messages=ask, max_tokens=30, temperature=0,
+                                    n=2, prediction={"type": "content", "content": text},
+                                    extra_body={"cache": False})
+    assert len(two.choices) == 2 and all(ch.message.content for ch in two.choices)
+    both = two.usage.completion_tokens_details  # type: ignore[union-attr]
+    assert both is not None
+    assert (both.accepted_prediction_tokens or 0) > (details.accepted_prediction_tokens or 0)
     for bad, param in (({"type": "text", "content": "x"}, "prediction"),
                        ({"type": "content", "content": 3}, "prediction.content")):
         with pytest.raises(openai.BadRequestError) as err:

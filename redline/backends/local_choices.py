@@ -16,7 +16,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
+from typing import Any
 
 from redline.types import Chunk, SamplingParams, Usage
 
@@ -53,6 +54,7 @@ async def merged(choices: int, sampling: SamplingParams, start: Start) -> AsyncI
     left = choices
     completion = 0
     usages: dict[int, Usage] = {}  # per prompt: its choice 0's usage (or another's till then)
+    details: list[Mapping[str, Any]] = []
     try:
         while left:
             index, item = await queue.get()
@@ -68,6 +70,8 @@ async def merged(choices: int, sampling: SamplingParams, start: Start) -> AsyncI
             left -= 1
             if item.usage is not None:
                 completion += item.usage.completion_tokens
+                if item.usage.completion_details:  # a prediction's drafts, every choice's
+                    details.append(item.usage.completion_details)
                 # choice 0 computed the prompt: its reuse is the prompt's cached_tokens (the
                 # others copied its KV, which the client did not send twice)
                 if index % n == 0 or index // n not in usages:
@@ -77,7 +81,8 @@ async def merged(choices: int, sampling: SamplingParams, start: Start) -> AsyncI
                 item.timings = None
             elif usages:
                 item.usage = Usage(sum(u.prompt_tokens for u in usages.values()), completion,
-                                   cached_tokens=sum(u.cached_tokens or 0 for u in usages.values()))
+                                   cached_tokens=sum(u.cached_tokens or 0 for u in usages.values()),
+                                   completion_details=summed(details))
             yield item
     finally:
         for task in tasks:
@@ -85,3 +90,14 @@ async def merged(choices: int, sampling: SamplingParams, start: Start) -> AsyncI
         for task in tasks:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
+
+
+def summed(details: list[Mapping[str, Any]]) -> dict[str, Any] | None:
+    """Every choice's completion_tokens_details, its counts added (None: none had any)."""
+    if not details:
+        return None
+    out: dict[str, Any] = {}
+    for d in details:
+        for key, value in d.items():
+            out[key] = out.get(key, 0) + value if isinstance(value, int) else value
+    return out
