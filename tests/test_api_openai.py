@@ -28,6 +28,10 @@ def test_models_lists_configured_and_auto(client):
 def test_models_retrieve_one_and_404_for_unknown(client):
     m = client.models.retrieve(SMOL)
     assert m.id == SMOL and m.object == "model" and "chat" in m.capabilities  # type: ignore[attr-defined]
+    # vLLM's max_model_len: the context a prompt and its answer must fit (the server's
+    # config), on the embedded model only
+    assert m.max_model_len == smol_config()["models"][0].get("n_ctx", 2048)  # type: ignore[attr-defined]
+    assert not hasattr(client.models.retrieve("auto"), "max_model_len")
     with pytest.raises(openai.NotFoundError) as e:
         client.models.retrieve("no-such-model")
     assert e.value.body["code"] == "model_not_found" and e.value.body["param"] == "model"

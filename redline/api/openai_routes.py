@@ -84,8 +84,18 @@ def _model_objects(request: Request) -> list[dict[str, Any]]:
             return sorted(frozenset().union(*served))
         return sorted(caps.of(name))
 
-    return [{"id": n, "object": "model", "created": created, "owned_by": "redline",
-             "capabilities": capabilities(n)} for n in names]
+    # vLLM's max_model_len: an embedded model's context per sequence (what a prompt and
+    # its answer must fit); a remote model's is its engine's, which redline does not know
+    contexts = {m.name: m.n_ctx for m in services.config.models if m.backend == "local"}
+
+    def entry(n: str) -> dict[str, Any]:
+        out = {"id": n, "object": "model", "created": created, "owned_by": "redline",
+               "capabilities": capabilities(n)}
+        if n in contexts:
+            out["max_model_len"] = contexts[n]
+        return out
+
+    return [entry(n) for n in names]
 
 
 @router.get("/v1/models")
