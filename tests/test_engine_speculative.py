@@ -250,7 +250,7 @@ async def test_sampled_answers_draft_and_keep_their_seeded_text(model, monkeypat
 def test_a_prediction_drafts_what_comes_next_while_the_answer_follows_it():
     from redline.engine.speculative import Prediction
 
-    p = Prediction([10, 11, 12, 13, 14, 15, 16, 17], NgramSettings(max_draft=3))
+    p = Prediction([10, 11, 12, 13, 14, 15, 16, 17], 0, NgramSettings(max_draft=3))  # no prompt
     assert p.propose([], 10) == [10, 11, 12]  # nothing yet: the prediction's start
     p.verified(3, 3)
     assert p.propose([10, 11, 12, 13], 10) == [14, 15, 16]  # still on it (length grew to 3 max)
@@ -266,7 +266,7 @@ def test_a_repeated_run_is_picked_up_after_the_last_draft():
     from redline.engine.speculative import Prediction
 
     # "1 2" occurs twice: after a draft from the second half, the second occurrence wins
-    p = Prediction([1, 2, 3, 7, 1, 2, 4, 8], NgramSettings(max_draft=2))
+    p = Prediction([1, 2, 3, 7, 1, 2, 4, 8], 0, NgramSettings(max_draft=2))
     assert p.propose([5, 1, 2], 10) == [3, 7]  # parted at once: the first occurrence
     assert p.propose([5, 1, 2, 3, 7, 0, 1, 2], 10) == [4, 8]  # then the one after it
 
@@ -276,7 +276,7 @@ def test_a_sequence_with_a_prediction_drafts_with_drafting_off(loop):
 
     s = Scheduler(n_seq_max=2, n_batch=64)  # no n-gram drafter
     seq = quoting_seq(loop)
-    seq.prediction = Prediction([3, 4, 5, 6, 7])
+    seq.prediction = Prediction([3, 4, 5, 6, 7], len(seq.prompt))
     decoding(s, [seq])  # output 3 4: on the prediction, whose next are 5 6 7
     batch = s.schedule()
     assert batch.drafts == {0: [5, 6, 7]}

@@ -96,7 +96,7 @@ class Engine:
         queue: asyncio.Queue[Chunk] = asyncio.Queue()
         seq = Sequence(request_id or new_id("seq"), prompt, sampling, queue.put_nowait, loop,
                        tier=tier or "A", presence=presence,
-                       prediction=Prediction(prediction) if prediction else None)
+                       prediction=Prediction(prediction, len(prompt)) if prediction else None)
         self.submit(seq)
         try:
             while True:

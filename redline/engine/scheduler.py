@@ -305,27 +305,20 @@ class Scheduler:
     def _draft(self, seq: Sequence, decoding: int, spare: int) -> list[int]:
         """Draft tokens for `seq` this step (any sequence: see speculative.py), never past
         its max_tokens, none while the batch is busy."""
-        if seq.prediction is not None:  # the client's predicted answer, drafted from first
-            if decoding > seq.prediction.s.max_decoding or spare <= 0:
-                return []
-            limit = min(spare, seq.sampling.max_tokens - len(seq.output) - 1)
-            return seq.prediction.propose(seq.output, limit)
-        s = self.drafter
-        if s is None or decoding > s.max_decoding or spare <= 0:
+        if seq.prediction is None and seq.lookup is None and self.drafter is not None:
+            seq.lookup = NgramIndex(self.drafter)
+        drafter = seq.drafter  # the client's predicted answer first, else its own n-grams
+        if drafter is None or decoding > drafter.s.max_decoding or spare <= 0:
             return []
-        if seq.lookup is None:
-            seq.lookup = NgramIndex(s)
         # a step emits at most len(draft) + 1 tokens
         limit = min(spare, seq.sampling.max_tokens - len(seq.output) - 1)
-        return seq.lookup.propose(seq.tokens, limit)
+        return drafter.propose(seq.tokens, limit)
 
     def verified(self, seq: Sequence, proposed: int, accepted: int) -> None:
         """`seq`'s draft of `proposed` tokens had its first `accepted` taken: the rest are
         not its tokens; forget them, and their cells before the next step."""
-        if seq.prediction is not None:
-            seq.prediction.verified(proposed, accepted)
-        elif seq.lookup is not None:
-            seq.lookup.verified(proposed, accepted)
+        if seq.drafter is not None:
+            seq.drafter.verified(proposed, accepted)
         drop = proposed - accepted
         if drop <= 0 or seq.slot is None:
             return

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 from redline.engine.detok import Detokenizer
 from redline.engine.sampling import Sampler
-from redline.engine.speculative import NgramIndex, Prediction
+from redline.engine.speculative import Drafter, NgramIndex, Prediction
 from redline.types import Chunk, Presence, SamplingParams, TokenLogprob
 
 TIER_RANK = {"S": 0, "A": 1, "B": 2}  # lower goes first
@@ -78,6 +78,11 @@ class Sequence:
         if self.slot is None:
             raise RuntimeError(f"sequence {self.id} is not running: it has no slot")
         return self.slot
+
+    @property
+    def drafter(self) -> Drafter | None:
+        """Where its drafts come from: the client's predicted answer, else its n-grams."""
+        return self.prediction or self.lookup
 
     @property
     def scores_prompt(self) -> bool:

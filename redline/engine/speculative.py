@@ -50,13 +50,11 @@ class NgramSettings:
     max_decoding: int = 2
 
 
-class NgramIndex:
-    """Where each n-gram of one sequence's tokens last ended, to propose what followed."""
+class Drafter:
+    """A sequence's source of drafts, whose length adapts (see above)."""
 
     def __init__(self, settings: NgramSettings) -> None:
         self.s = settings
-        self.last_end: dict[tuple[int, ...], int] = {}
-        self.indexed = 0  # n-grams ending before this position are in `last_end`
         self.length = settings.max_draft  # the next draft's length, at most
 
     def verified(self, proposed: int, accepted: int) -> None:
@@ -67,6 +65,19 @@ class NgramIndex:
             self.length = min(self.s.max_draft, self.length + 2)
         else:
             self.length = max(1, self.length - 1)
+
+    def propose(self, tokens: list[int], limit: int) -> list[int]:
+        """Up to `limit` tokens likely to follow `tokens` (the sequence's prompt + output)."""
+        raise NotImplementedError
+
+
+class NgramIndex(Drafter):
+    """Where each n-gram of one sequence's tokens last ended, to propose what followed."""
+
+    def __init__(self, settings: NgramSettings) -> None:
+        super().__init__(settings)
+        self.last_end: dict[tuple[int, ...], int] = {}
+        self.indexed = 0  # n-grams ending before this position are in `last_end`
 
     def _extend(self, tokens: list[int]) -> None:
         # n-grams ending at the last position stay out: a lookup of the suffix must find
@@ -97,21 +108,24 @@ class NgramIndex:
 PREDICTED = NgramSettings(max_draft=8, min_match=2, max_match=4, max_decoding=2)
 
 
-class Prediction:
+class Prediction(Drafter):
     """Drafts from a predicted answer (`prediction` in chat completions). While the answer
     so far is the prediction's beginning, the draft is what comes next in it; once they
     part, the answer's last n tokens are looked up in the prediction (the first place at
     or after where the last draft came from, else the first anywhere) and what followed
     them there is the draft, so an edit in the middle picks the prediction up again after
     it. Drafts only change speed: the engine keeps a drafted token only where the model
-    chose it too (see above)."""
+    chose it too (see above). `start`: where the answer begins in the sequence's tokens
+    (its prompt's length)."""
 
-    def __init__(self, tokens: list[int], settings: NgramSettings | None = None) -> None:
-        settings = self.s = settings or PREDICTED
+    def __init__(self, tokens: list[int], start: int,
+                 settings: NgramSettings | None = None) -> None:
+        settings = settings or PREDICTED
+        super().__init__(settings)
         self.tokens = tokens
+        self.start = start
         self.aligned = 0  # the answer's first `aligned` tokens are the prediction's; -1: parted
         self.cursor = 0  # where in the prediction the last draft came from
-        self.length = settings.max_draft
         self.proposed = 0  # draft tokens proposed in all (usage: prediction tokens)
         self.accepted = 0  # of those, the ones the model chose too
         self.ends: dict[tuple[int, ...], list[int]] = {}
@@ -122,15 +136,13 @@ class Prediction:
     def verified(self, proposed: int, accepted: int) -> None:
         self.proposed += proposed
         self.accepted += accepted
-        if proposed:
-            self.length = (min(self.s.max_draft, self.length + 2) if accepted == proposed
-                           else max(1, self.length - 1))
+        super().verified(proposed, accepted)
 
-    def propose(self, output: list[int], limit: int) -> list[int]:
-        """Up to `limit` tokens likely to follow the answer so far (`output`)."""
+    def propose(self, tokens: list[int], limit: int) -> list[int]:
         limit = min(limit, self.length)
         if limit <= 0:
             return []
+        output = tokens[self.start:]  # the answer so far
         if self.aligned >= 0:
             n = len(output)
             if n <= len(self.tokens) and output[self.aligned:] == self.tokens[self.aligned:n]:
