@@ -66,6 +66,7 @@ def _says(value: Any) -> bool:
     """Whether a field's value carries anything (null, "", [] and {} do not)."""
     return value is not None and value != "" and value != [] and value != {}
 
+
 STAGES = ("queue", "cache", "route", "tokenize", "prefill", "decode", "detokenize", "total")
 
 

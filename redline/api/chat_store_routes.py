@@ -34,7 +34,6 @@ from redline.types import Chunk, GenerationRequest, assemble
 router = APIRouter()
 
 
-
 class UpdateBody(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -81,18 +80,10 @@ async def list_completions(request: Request) -> dict[str, Any]:
     query = request.query_params
     wanted = {k[len("metadata["):-1]: v for k, v in query.items()
               if k.startswith("metadata[") and k.endswith("]")}
-    store = completions_of(services_of(request.app))
-    tenant = tenant_of(request)
-    ids = await store.listed(tenant, query.get("model"), wanted)
-    rows = [{"id": cid} for cid in ids]
-    paged = page(rows, query.get("limit", "20"), query.get("order", "asc"), query.get("after"),
-                 "your stored chat completions")
-    data = []
-    for row in paged["data"]:
-        record = await store.get(row["id"], tenant)
-        if record is not None:
-            data.append(record.json())
-    return {**paged, "data": data}
+    records = await completions_of(services_of(request.app)).listed(
+        tenant_of(request), query.get("model"), wanted)
+    return page([r.json() for r in records], query.get("limit", "20"),
+                query.get("order", "asc"), query.get("after"), "your stored chat completions")
 
 
 @router.get("/v1/chat/completions/{completion_id}", response_model=None)

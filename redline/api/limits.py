@@ -85,7 +85,7 @@ def estimate_tokens(gen: Any) -> int:
     """What a request may cost: its max_tokens and ~4 characters a token of prompt."""
     chars = (sum(len(p) for p in gen.prompts or (gen.prompt or "",))
              + sum(len(m.content) for m in gen.messages or ()))
-    ids = sum(len(p) for p in getattr(gen, "prompt_ids", ()))  # token-id prompts
+    ids = sum(len(p) for p in gen.prompt_ids)  # token-id prompts: their count is known
     return int(gen.sampling.max_tokens) + chars // 4 + ids + 1
 
 

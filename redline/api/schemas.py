@@ -254,7 +254,7 @@ class ChatCompletionRequest(_SamplingFields):
 
 
 class CompletionRequest(_SamplingFields):
-    # token ids (a list of ints, or of lists) are typed only to be refused by name below
+    # text, or token ids (a list of ints, or of lists): `_prompts` tells them apart
     prompt: str | list[str] | list[int] | list[list[int]] = Field(...)
     logprobs: int | None = Field(None, ge=0, le=5)
     echo: bool = False

@@ -6,7 +6,7 @@ import asyncio
 import dataclasses
 import time
 from collections import OrderedDict
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 
 from redline.backends.base import BackendInfo
@@ -169,12 +169,13 @@ class LocalBackend:
         tokenize_s = time.perf_counter() - t0
         engine, model = self.engine, self.model
         sampling = prepared.sampling
-        echo = request.echo and not request.is_chat
-        if echo and sampling.logprobs:  # the engine scores the prompt too
+        if request.echo and sampling.logprobs:  # the engine scores the prompt too
             sampling = dataclasses.replace(sampling, prompt_logprobs=sampling.top_logprobs or 0)
         n = sampling.n
-        texts = ([self.text_of(list(ids))[0] for ids in request.prompt_ids] if request.prompt_ids
-                 else request.prompts or (request.prompt or "",))
+        texts: Sequence[str] = ()  # what echo gives back: each prompt's text (ids decoded)
+        if request.echo:
+            texts = ([self.text_of(list(ids))[0] for ids in request.prompt_ids]
+                     if request.prompt_ids else request.prompts or (request.prompt or "",))
         predicted = None if not request.prediction else model.tokenize(
             request.prediction, add_special=False, parse_special=False)
 
@@ -184,7 +185,7 @@ class LocalBackend:
                                      request.tier, request.presence, predicted)
             if prepared.parse_tools:
                 chunks = with_tool_calls(chunks, ToolCallParser(request.tools))
-            if echo:
+            if request.echo:
                 chunks = echoed(chunks, texts[index // n], model.piece(tokens[0]))
             return chunks
 

@@ -5,7 +5,7 @@ messages), in the one store, so that every replica sees them.
 Two kinds of keys, with the stored responses' TTL: `chatcompletions:<id>` holds one
 completion (the ChatCompletion object as answered, the request's messages, its metadata
 and its tenant), and `chatcompletions:index:<tenant>` is a hash of the tenant's stored
-completions (id -> created, model, metadata) for listing; it expires with the last of
+completions (id -> model, metadata, when stored) for listing; it expires with the last of
 them (every write starts its TTL again). A completion belongs to its tenant: a lookup by
 another tenant answers as if it did not exist. A record is the standard library's JSON:
 a client's message may hold an integer past 64 bits, which it keeps exactly."""
@@ -53,8 +53,7 @@ class StoredCompletions:
                 "messages": record.messages, "metadata": record.metadata,
                 "stored_at": record.stored_at}
         await self.store.set(PREFIX + record.id, json.dumps(body).encode(), ttl=self.ttl_s)
-        entry = {"created": record.completion.get("created", 0), "model":
-                 record.completion.get("model"), "metadata": record.metadata,
+        entry = {"model": record.completion.get("model"), "metadata": record.metadata,
                  # the order of a list (created has a second's resolution); an update keeps it
                  "at": record.stored_at}
         await self.store.hset(self._index(record.tenant), record.id, orjson.dumps(entry),
@@ -77,10 +76,9 @@ class StoredCompletions:
         await self.store.hdel(self._index(record.tenant), record.id)
 
     async def listed(self, tenant: str, model: str | None,
-                     metadata: dict[str, str]) -> list[str]:
-        """The tenant's stored completions' ids, oldest first, of `model` (None: any) and
-        with every `metadata` pair. One that expired drops out of the index at the next
-        read."""
+                     metadata: dict[str, str]) -> list[StoredCompletion]:
+        """The tenant's stored completions, oldest first, of `model` (None: any) and with
+        every `metadata` pair. One that expired drops out of the index at the next read."""
         index = await self.store.hgetall(self._index(tenant))
         rows = []
         for cid, raw in index.items():
@@ -92,13 +90,14 @@ class StoredCompletions:
                 continue
             rows.append((entry.get("at", 0.0), cid))
         rows.sort()
-        ids = []
+        out = []
         for _, cid in rows:
-            if await self.store.get(PREFIX + cid) is None:  # expired on its own
+            record = await self.get(cid, tenant)
+            if record is None:  # expired on its own
                 await self.store.hdel(self._index(tenant), cid)
                 continue
-            ids.append(cid)
-        return ids
+            out.append(record)
+        return out
 
     @staticmethod
     def _index(tenant: str) -> str:
