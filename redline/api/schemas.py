@@ -208,8 +208,6 @@ class _SamplingFields(_Open):
         return gen
 
 
-
-
 def hint(fields: Mapping[str, Any], name: str) -> str | None:
     """One of OpenAI's string hints (`HINTS`), checked: 1 to 256 characters."""
     value = fields.get(name)
