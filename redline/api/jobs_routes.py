@@ -9,7 +9,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
 from redline.api.keyring import key_label
-from redline.api.schemas import ChatCompletionRequest, CompletionRequest
+from redline.api.schemas import ChatCompletionRequest, CompletionRequest, not_storable
 from redline.api.services import services_of
 from redline.api.tenant import tenant_of
 from redline.errors import InvalidRequest, NotFound
@@ -45,6 +45,7 @@ def wants_job(body: ChatCompletionRequest | CompletionRequest, gen: GenerationRe
 async def accept(request: Request, body: ChatCompletionRequest | CompletionRequest,
                  gen: GenerationRequest, kind: str) -> JSONResponse:
     """Queue the request as a job: 202 with the job object."""
+    not_storable(body)  # a stored completion is what the route answered, not a job's
     # 404 or a capability's 400 now, not in the job ("auto" stays; the worker plans it)
     services_of(request.app).pipeline.router.check(gen)
     gen.tier = "B"  # the worker serves it with tier B's budget (no tier-S shortening)

@@ -14,7 +14,7 @@ from redline.api.chat_store_routes import stored
 from redline.api.chunks import ChunkEncoder, Kind
 from redline.api.embeddings_routes import LOCAL_MODEL as LOCAL_EMBEDDINGS
 from redline.api.embeddings_routes import local_available
-from redline.api.schemas import ChatCompletionRequest, CompletionRequest, not_storable
+from redline.api.schemas import ChatCompletionRequest, CompletionRequest
 from redline.api.services import Services, services_of
 from redline.api.tenant import tenant_from
 from redline.api.unicode import check_text
@@ -147,7 +147,6 @@ async def serve(services: Services, request: Request,
     await services.gate.check(request.scope, gen)  # a key's allowlist and budget, jobs too
     storing = isinstance(body, ChatCompletionRequest) and bool(body.store)
     if jobs_routes.wants_job(body, gen, pipeline):  # tier B or "background": 202 + a job
-        not_storable(body)
         return await jobs_routes.accept(request, body, gen, gen_kind)
     request_id = asked.get(b"x-request-id") or gen.id
     streams = services.streams
