@@ -58,8 +58,8 @@ DEFAULTS: dict[str, tuple[Any, ...]] = {
 # vLLM's structured outputs: in `extra` (a remote engine gets them as sent), and honoured by
 # the embedded engine's grammar (backends/local_features.py `guided`): `structured_outputs`
 # (vLLM >= 0.10) with one of these keys, or the older top-level `guided_*` fields
-GUIDED = ("guided_json", "guided_choice", "guided_grammar", "structured_outputs")
-GUIDED_KINDS = ("json", "choice", "grammar", "json_object")
+GUIDED = ("guided_json", "guided_choice", "guided_grammar", "guided_regex", "structured_outputs")
+GUIDED_KINDS = ("json", "choice", "grammar", "regex", "json_object")
 
 
 def _says(value: Any) -> bool:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import uuid
 from typing import Any
 
@@ -226,6 +227,21 @@ def test_vllm_choice_constrains_the_answer_to_one_of_them(smol_server: Any,
         assert r.choices[0].message.content in ("positive", "negative", "neutral")
 
 
+@pytest.mark.parametrize("extra", [
+    {"structured_outputs": {"regex": r"\(\d{3}\) \d{3}-\d{4}"}},
+    {"guided_regex": r"\(\d{3}\) \d{3}-\d{4}"},
+])
+def test_vllm_regex_constrains_the_whole_answer(smol_server: Any, extra: dict[str, Any]) -> None:
+    c = client(smol_server)
+    ask = [{"role": "user", "content": "Make up a US phone number."}]
+    for seed in range(3):
+        r = c.chat.completions.create(model=SMOL, messages=ask, max_tokens=24, temperature=1.0,
+                                      seed=seed, extra_body={"cache": False, **extra})
+        text = r.choices[0].message.content or ""
+        assert re.fullmatch(r"\(\d{3}\) \d{3}-\d{4}", text), text
+        assert r.choices[0].finish_reason == "stop"
+
+
 def test_vllm_json_and_grammar_constrain_the_answer(smol_server: Any) -> None:
     c = client(smol_server)
     ask = [{"role": "user", "content": "Give a city and its country as JSON."}]
@@ -249,8 +265,9 @@ def test_vllm_json_and_grammar_constrain_the_answer(smol_server: Any) -> None:
 
 
 @pytest.mark.parametrize(("extra", "param"), [
-    ({"structured_outputs": {"regex": "[a-z]+"}}, "structured_outputs.regex"),
-    ({"guided_regex": "[a-z]+"}, "guided_regex"),
+    ({"structured_outputs": {"regex": "(a)\\1"}}, "structured_outputs.regex"),
+    ({"guided_regex": "(?=a)b"}, "guided_regex"),
+    ({"guided_regex": 7}, "guided_regex"),
     ({"structured_outputs": {"choice": ["a"], "json": {}}}, "structured_outputs"),
     ({"guided_choice": ["a"], "guided_json": {}}, "guided_json"),
     ({"guided_choice": []}, "guided_choice"),

@@ -14,6 +14,7 @@ import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
+from redline.engine import regex
 from redline.engine.grammar import JSON_OBJECT, schema_grammar
 from redline.engine.tools import ToolCallParser, grammar, offered, render
 from redline.errors import InvalidRequest
@@ -64,7 +65,8 @@ def guided(request: GenerationRequest) -> tuple[str, str] | None:
     """vLLM's structured outputs as a grammar, and the field it comes from (for a 400):
     `structured_outputs` with one of json (a JSON Schema, or its JSON text), choice (a
     list of strings: the answer is one of them), grammar (GBNF, as xgrammar and llama.cpp
-    take it) or json_object; or the older guided_json, guided_choice, guided_grammar."""
+    take it), regex (the whole answer matches it: engine/regex.py) or json_object; or the
+    older guided_json, guided_choice, guided_grammar, guided_regex."""
     asked = [(k, v) for k, v in request.extra.items() if k in GUIDED and v is not None]
     if not asked:
         return None
@@ -100,6 +102,14 @@ def guided(request: GenerationRequest) -> tuple[str, str] | None:
                 not all(isinstance(c, str) and c for c in value):
             raise InvalidRequest("The choices must be a list of non-empty strings.", param=field)
         return "root ::= " + " | ".join(_literal(c) for c in value), field
+    if kind == "regex":
+        if not isinstance(value, str):
+            raise InvalidRequest("The regex must be a string.", param=field)
+        try:
+            return "root ::= " + regex.expression(value), field
+        except regex.RegexError as exc:
+            raise InvalidRequest(f"The embedded engine cannot enforce this regex: {exc}.",
+                                 param=field) from exc
     if not isinstance(value, str) or not value.strip():
         raise InvalidRequest("The grammar must be GBNF text.", param=field)
     return value, field

@@ -26,7 +26,7 @@ from typing import Any
 
 from llama_cpp import llama_grammar
 
-from redline.engine import numerals
+from redline.engine import numerals, regex
 from redline.engine.numerals import Bound
 from redline.errors import InvalidRequest
 
@@ -103,6 +103,14 @@ class _Converter(llama_grammar.SchemaConverter):
         return base._add_rule(rule, f"( {body} ) space" if isinstance(node, numerals.Alt)
                               else f"{body} space")
 
+    def _visit_pattern(self, pattern: str, name: str) -> Any:
+        """A string `pattern` matches, as JSON Schema reads it (anywhere in the string
+        unless anchored), by redline's translation (regex.py): the converter's own writes
+        `\\d` and `\\w` as letters and lets `.` take a raw `"`."""
+        body = regex.expression(pattern, json_string=True, search=True)
+        base: Any = super()
+        return base._add_rule(name, f'"\\"" {body} "\\"" space')
+
 
 def visit(conv: Any, schema: Any, name: str, param: str) -> str:
     """Add `schema`'s rules to `conv` under `name`; the name of its rule."""
@@ -149,11 +157,9 @@ def _lowered(schema: Any, param: str, where: str) -> Any:
     if "format" in out and out["format"] not in _FORMATS:
         raise InvalidRequest(f"'{param}': the embedded engine cannot enforce the string "
                              f"format `{out['format']}`{_at(where)}.", param=param)
-    if "pattern" in out and (not isinstance(out["pattern"], str)
-                             or not (out["pattern"].startswith("^")
-                                     and out["pattern"].endswith("$"))):
-        raise InvalidRequest(f"'{param}': a `pattern` must be anchored with ^ and $ for the "
-                             f"embedded engine{_at(where)}.", param=param)
+    if "pattern" in out and not isinstance(out["pattern"], str):
+        raise InvalidRequest(f"'{param}': a `pattern` must be a string{_at(where)}.",
+                             param=param)
     bounds = {k: schema[k] for k in _BOUNDS if k in schema}
     if bounds:
         out = _bounded(out, bounds, param, where)
