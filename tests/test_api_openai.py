@@ -177,6 +177,12 @@ def test_readyz_is_503_until_warm(server_factory):
             time.sleep(0.02)
             continue
         seen.add(r.status_code)
+        probes = [httpx.get(f"{server.url}/health", timeout=1),
+                  httpx.post(f"{server.url}/ping", timeout=1)]  # vLLM's and llama.cpp's
+        if all(p.status_code == 503 for p in probes):
+            seen.add("probes503")
+        elif r.status_code == 200 and all(p.json() == {"status": "ok"} for p in probes):
+            seen.add("probes200")
         if r.status_code == 503:
             chat = httpx.post(f"{server.url}/v1/chat/completions", json={"model": SMOL, "messages": MSG})
             if chat.status_code == 503:
@@ -186,3 +192,4 @@ def test_readyz_is_503_until_warm(server_factory):
             break
         time.sleep(0.01)
     assert 200 in seen and 503 in seen and "chat503" in seen
+    assert "probes503" in seen and "probes200" in seen

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from importlib import metadata
 from typing import Any
 
 import openai
@@ -91,8 +92,10 @@ def test_valid_key_sets_tenant_to_its_name(keyed_client: tuple[TestClient, Tenan
 
 def test_ops_and_spec_open_by_default(keyed_client: tuple[TestClient, Tenants]) -> None:
     c, _ = keyed_client
-    for path in ("/healthz", "/readyz", "/metrics", "/dashboard", "/openapi.json"):
+    for path in ("/healthz", "/readyz", "/metrics", "/dashboard", "/openapi.json", "/health",
+                 "/ping", "/version"):
         assert c.get(path).status_code == 200, path
+    assert c.get("/version").json() == {"version": metadata.version("redline")}  # vLLM's
     spec = c.get("/openapi.json").json()
     assert spec["components"]["securitySchemes"]["bearer"] == {"type": "http", "scheme": "bearer"}
     assert spec["paths"]["/v1/chat/completions"]["post"]["security"] == [{"bearer": []}]
@@ -101,7 +104,8 @@ def test_ops_and_spec_open_by_default(keyed_client: tuple[TestClient, Tenants]) 
 
 def test_ops_protected_when_configured() -> None:
     for c, _ in client(keyed(protect_ops=True)):
-        for path in ("/healthz", "/readyz", "/metrics", "/dashboard"):
+        for path in ("/healthz", "/readyz", "/metrics", "/dashboard", "/health", "/ping",
+                     "/version"):
             assert_openai_error(c.get(path), 401, "authentication_error")
             assert c.get(path, headers={"Authorization": f"Bearer {KEY}"}).status_code == 200
         assert c.get("/openapi.json").status_code == 200

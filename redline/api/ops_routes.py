@@ -1,6 +1,9 @@
-"""Operations: liveness, readiness, metrics."""
+"""Operations: liveness, readiness, metrics; and the probe routes vLLM's and llama.cpp's
+servers answer (`/health`, `/ping`, `/version`), so probes written for them work here."""
 
 from __future__ import annotations
+
+from importlib import metadata
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
@@ -18,9 +21,28 @@ async def healthz() -> dict[str, str]:
 
 @router.get("/readyz")
 async def readyz(request: Request) -> JSONResponse:
+    return _ready(request, "ready")
+
+
+@router.get("/health")
+@router.get("/ping")
+@router.post("/ping")
+async def health(request: Request) -> JSONResponse:
+    """vLLM's `/health` and `/ping` (SageMaker's probe), llama.cpp's `/health`: 200 once
+    the models are loaded and warm, 503 before (as llama.cpp's server answers while it
+    loads) and while draining."""
+    return _ready(request, "ok")
+
+
+@router.get("/version")
+async def version() -> dict[str, str]:
+    return {"version": metadata.version("redline")}
+
+
+def _ready(request: Request, ok: str) -> JSONResponse:
     services = services_of(request.app)
     if services.pipeline.ready and not services.draining:
-        return JSONResponse({"status": "ready"})
+        return JSONResponse({"status": ok})
     reason = "draining" if services.draining else "loading"
     return JSONResponse({"status": reason}, status_code=503, headers={"Retry-After": "1"})
 
