@@ -211,6 +211,9 @@ class SamplingParams:
     # GBNF that the embedded engine constrains the answer to: set by the local backend from
     # response_format and tool_choice, never by a client (a remote engine never sees it)
     grammar: str | None = None
+    # with a grammar: it applies from the first place the answer has this text on (llama.cpp's
+    # lazy grammar: `tool_choice: auto` constrains a call once the model starts one)
+    grammar_trigger: str | None = None
 
     @property
     def greedy(self) -> bool:

@@ -197,3 +197,17 @@ def redis_url(redis_server: str) -> Iterator[str]:
     client.flushall()
     client.close()
     yield redis_server
+
+
+@pytest.fixture(scope="session")
+def smol_vocab() -> Iterator[tuple[Any, int]]:
+    """SmolLM2's model (its vocabulary: llama.cpp compiles grammars over one) and its end
+    of text token; tests/grammar_oracle.py feeds texts through a grammar with it."""
+    import llama_cpp as ll
+
+    from redline.engine.llama import LlamaModel
+    from redline.models import bundled_path
+
+    model = LlamaModel(str(bundled_path("smollm2-135m-instruct", Path(".redline/models"))))
+    yield model, ll.llama_vocab_eos(model.vocab)
+    model.close()

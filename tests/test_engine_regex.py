@@ -6,26 +6,19 @@ and random strings over the pattern's characters; inside a JSON string (JSON Sch
 
 from __future__ import annotations
 
-import ctypes
 import json
-import math
 import random
 import re
-from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
-import llama_cpp as ll
 import pytest
+from grammar_oracle import grammar_takes
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from redline.engine import regex
 from redline.engine.grammar import schema_grammar
-from redline.engine.llama import LlamaModel
-from redline.engine.sampling import grammar_sampler
 from redline.errors import InvalidRequest
-from redline.models import bundled_path
 
 # what users constrain answers to: formats, enumerations, optional and nested parts, flags
 PATTERNS = [
@@ -54,37 +47,6 @@ JSON_PATTERNS = [r"^\d{3}-\d{4}$", r"\d", r"^a.c", r'"[^"]*"$', r"^[\n\t\\]+$", 
                  r"x|^y"]
 
 
-@pytest.fixture(scope="module")
-def vocab() -> Iterator[tuple[LlamaModel, int]]:
-    model = LlamaModel(str(bundled_path("smollm2-135m-instruct", Path(".redline/models"))))
-    yield model, ll.llama_vocab_eos(model.vocab)
-    model.close()
-
-
-def grammar_takes(vocab: tuple[LlamaModel, int], gbnf: str) -> Callable[[str], bool]:
-    """Whether llama.cpp's grammar takes a text fed as the model's tokens, then the end."""
-    model, end = vocab
-    smpl = grammar_sampler(model.vocab, gbnf)
-    one = (ll.llama_token_data * 1)()
-
-    def allowed(t: int) -> bool:
-        one[0].id, one[0].logit, one[0].p = t, 1.0, 0.0
-        ll.llama_sampler_apply(smpl, ctypes.byref(ll.llama_token_data_array(
-            data=one, size=1, selected=-1, sorted=False)))
-        return math.isfinite(one[0].logit)
-
-    def takes(text: str) -> bool:
-        ll.llama_sampler_reset(smpl)
-        for t in model.tokenize(text, add_special=False, parse_special=False):
-            if not allowed(t):
-                return False
-            ll.llama_sampler_accept(smpl, t)
-        return allowed(end)
-
-    takes.free = lambda: ll.llama_sampler_free(smpl)  # type: ignore[attr-defined]
-    return takes
-
-
 def alphabet(pattern: str) -> str:
     """The characters worth trying against `pattern`: its own, and a few it may refuse."""
     return "".join(sorted(set(pattern) - {"\\"})) + "aZ09 _-.\n\"'\\"
@@ -98,8 +60,8 @@ def random_texts(pattern: str, seed: int, count: int = 400) -> list[str]:
 
 
 @pytest.mark.parametrize("pattern", PATTERNS)
-def test_the_grammar_takes_exactly_what_the_regex_matches(vocab: Any, pattern: str) -> None:
-    takes = grammar_takes(vocab, "root ::= " + regex.expression(pattern))
+def test_the_grammar_takes_exactly_what_the_regex_matches(smol_vocab: Any, pattern: str) -> None:
+    takes = grammar_takes(smol_vocab, "root ::= " + regex.expression(pattern))
     rng = random.Random(pattern)
     matching = re.compile(pattern, re.ASCII)
 
@@ -123,11 +85,11 @@ def test_the_grammar_takes_exactly_what_the_regex_matches(vocab: Any, pattern: s
 
 
 @pytest.mark.parametrize("pattern", JSON_PATTERNS)
-def test_a_schema_pattern_takes_the_json_spelling_of_what_it_matches(vocab: Any,
+def test_a_schema_pattern_takes_the_json_spelling_of_what_it_matches(smol_vocab: Any,
                                                                      pattern: str) -> None:
     """JSON Schema's `pattern`: the value is a JSON string whose decoded text the pattern
     matches anywhere unless anchored (re.search); `"`, backslash and controls escaped."""
-    takes = grammar_takes(vocab, schema_grammar({"type": "string", "pattern": pattern}, "p"))
+    takes = grammar_takes(smol_vocab, schema_grammar({"type": "string", "pattern": pattern}, "p"))
     # a final `$` is the end of the text, as ECMA-262 (JSON Schema's regex) reads it; Python's
     # would also match before a final line break
     matching = re.compile(pattern[:-1] + r"\Z" if pattern.endswith("$") else pattern, re.ASCII)
@@ -144,8 +106,8 @@ def test_a_schema_pattern_takes_the_json_spelling_of_what_it_matches(vocab: Any,
         takes.free()  # type: ignore[attr-defined]
 
 
-def test_control_characters_have_each_json_spelling(vocab: Any) -> None:
-    takes = grammar_takes(vocab, schema_grammar({"type": "string", "pattern": "^.$"}, "p"))
+def test_control_characters_have_each_json_spelling(smol_vocab: Any) -> None:
+    takes = grammar_takes(smol_vocab, schema_grammar({"type": "string", "pattern": "^.$"}, "p"))
     try:
         assert takes('"\\t"') and takes('"\\u0009"') and takes('"\\u001F"') and takes('"\\u001f"')
         assert not takes('"\\n"') and not takes('"\\u000A"')  # `.` is not a line break

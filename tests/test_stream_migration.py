@@ -220,6 +220,18 @@ def test_a_completion_of_token_ids_does_not_move() -> None:
                    "continue_final_message") is None
 
 
+def test_an_answer_constrained_from_its_start_does_not_move() -> None:
+    """vLLM's structured outputs, like a response_format: a continuation's grammar would
+    start again at the text so far."""
+    from redline.backends.continuation import why_not
+    from redline.types import GenerationRequest, SamplingParams
+
+    for extra in ({"guided_regex": "[a-z]+"}, {"structured_outputs": {"choice": ["a"]}}):
+        req = GenerationRequest(model="m", sampling=SamplingParams(), prompt="x", extra=extra)
+        assert why_not(req, "continue_final_message") == \
+            f"its {next(iter(extra))} constrains the answer from its start"
+
+
 def _closed_port() -> int:
     from conftest import free_port
 

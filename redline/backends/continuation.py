@@ -26,7 +26,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Literal
 
-from redline.types import GenerationRequest, Message, new_id
+from redline.types import GUIDED, GenerationRequest, Message, new_id
 
 Mode = Literal["continue_final_message", "prefill", "text_only", "off"]
 _CONTINUE = {"continue_final_message": True, "add_generation_prompt": False}
@@ -45,6 +45,9 @@ def why_not(request: GenerationRequest, mode: Mode) -> str | None:
     fmt = request.response_format
     if fmt is not None and fmt.type != "text":  # a grammar would restart from the prefix
         return "its response_format constrains the answer from its start"
+    guided = next((k for k in GUIDED if request.extra.get(k) is not None), None)
+    if guided is not None:  # vLLM's structured outputs: the same
+        return f"its {guided} constrains the answer from its start"
     return None
 
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from redline.engine import regex
 from redline.engine.grammar import JSON_OBJECT, schema_grammar
-from redline.engine.tools import ToolCallParser, grammar, offered, render
+from redline.engine.tools import ToolCallParser, grammar, lazy_grammar, offered, render
 from redline.errors import InvalidRequest
 from redline.types import GUIDED, GUIDED_KINDS, Chunk, GenerationRequest, Message, SamplingParams
 
@@ -48,6 +48,7 @@ def prepare(request: GenerationRequest, n_vocab: int) -> Prepared:
         gbnf, param = constrained
     messages = request.messages
     tools = offered(request.tools, request.tool_choice)
+    trigger = None
     if tools and messages is not None:
         forced = grammar(request.tools, request.tool_choice, request.parallel_tool_calls)
         if forced is not None:
@@ -55,9 +56,13 @@ def prepare(request: GenerationRequest, n_vocab: int) -> Prepared:
                 raise InvalidRequest(f"A forced tool call and {param} cannot both constrain "
                                      "one answer.", param=param)
             gbnf, param = forced, "tools"
+        elif gbnf is None:  # auto: a call the model starts is a valid call
+            lazy = lazy_grammar(request.tools, request.tool_choice, request.parallel_tool_calls)
+            if lazy is not None:
+                (gbnf, trigger), param = lazy, "tools"
     if messages is not None and (tools or any(m.tool_calls or m.role == "tool" for m in messages)):
         messages = render(messages, request.tools, request.tool_choice)
-    sampling = s if gbnf is None else dataclasses.replace(s, grammar=gbnf)
+    sampling = s if gbnf is None else dataclasses.replace(s, grammar=gbnf, grammar_trigger=trigger)
     return Prepared(messages, sampling, bool(tools) and messages is not None, param)
 
 

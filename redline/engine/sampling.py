@@ -9,13 +9,22 @@ the tempered distribution, as vLLM applies it) and a seeded draw.
 A grammar (structured outputs, forced tool calls) is checked after the draw, as llama.cpp's
 own common sampler does: checking a 49k-token vocabulary against the grammar at every step
 is slow, so the free chain picks a token first and only that token is checked; when the
-grammar refuses it, the step samples again from the grammar-filtered vocabulary."""
+grammar refuses it, the step samples again from the grammar-filtered vocabulary.
+
+A lazy grammar (`grammar_trigger`, as `tool_choice: auto` sets it) constrains nothing until
+the answer so far matches the trigger (a regular expression, searched near the answer's
+end); then the grammar is fed the answer from the trigger's first group on, and
+constrains every later token. llama.cpp's own lazy grammar is not used: it feeds the
+grammar the whole token that completes the trigger, and throws (aborting the process)
+when the rest of that token does not fit; here such a start is checked first, and a
+trigger whose text the grammar does not take leaves the answer unconstrained."""
 
 from __future__ import annotations
 
 import ctypes
 import math
 import random
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -57,6 +66,11 @@ class Sampler:
         self._grammar: Any = None
         self._cands: np.ndarray | None = None
         self._one = np.zeros(1, dtype=_TOKEN_DATA)
+        # a lazy grammar: the trigger, and the answer so far while it has not matched
+        self._trigger = (re.compile(params.grammar_trigger.encode()) if params.grammar_trigger
+                         else None)
+        self._said = b""
+        self._vocab: Any = None
 
     def _build(self, ctx: object) -> None:
         """The chain, built on first use (the vocabulary comes from the context)."""
@@ -95,8 +109,10 @@ class Sampler:
             seed = p.seed if p.seed is not None else random.getrandbits(32)
             ll.llama_sampler_chain_add(chain, ll.llama_sampler_init_dist(seed & 0xFFFFFFFF))
         self._chain = chain
-        if p.grammar is not None:
+        self._vocab = vocab
+        if p.grammar is not None and self._trigger is None:
             self._grammar = grammar_sampler(vocab, p.grammar)
+        if p.grammar is not None:
             self._cands = np.zeros(n_vocab, dtype=_TOKEN_DATA)
 
     def sample(self, ctx: object, index: int, logits: np.ndarray) -> int:
@@ -106,13 +122,44 @@ class Sampler:
         if self._chain is None:
             self._build(ctx)
         if self._grammar is None:
-            return int(ll.llama_sampler_sample(self._chain, ctx, index))
+            token = int(ll.llama_sampler_sample(self._chain, ctx, index))
+            if self._trigger is not None:
+                self._watch(token)
+            return token
         token = self._apply(logits, self._chain)
         if not self._allows(token):
             token = self._apply(logits, self._grammar, self._chain)
         ll.llama_sampler_accept(self._grammar, token)
         ll.llama_sampler_accept(self._chain, token)
         return token
+
+    def _watch(self, token: int) -> None:
+        """A lazy grammar's wait: when the answer so far matches the trigger, the grammar
+        starts at its first group and takes the text from there; when that text does not
+        fit it (a false start), the answer stays unconstrained."""
+        assert self._trigger is not None and self.params.grammar is not None
+        before = len(self._said)
+        self._said += _piece(self._vocab, token)
+        window = max(0, before - 256)  # a trigger ends in the new piece: search near it
+        found = self._trigger.search(self._said, window)
+        if found is None:
+            if len(self._said) > 4096:
+                self._said = self._said[-512:]
+            return
+        self._trigger = None  # one try: the answer from here on is the call, or is text
+        self._grammar = grammar_sampler(self._vocab, self.params.grammar)
+        text = self._said[found.start(1):]
+        n = len(text) + 8
+        ids = (ll.llama_token * n)()
+        count = ll.llama_tokenize(self._vocab, text, len(text), ids, n, False, True)
+        for t in ids[:max(count, 0)]:  # any tokens spelling the text: the grammar reads text
+            if not self._allows(t):
+                count = -1
+                break
+            ll.llama_sampler_accept(self._grammar, t)
+        if count < 0:
+            ll.llama_sampler_free(self._grammar)
+            self._grammar = None
 
     def _apply(self, logits: np.ndarray, *samplers: Any) -> int:
         """Run `samplers` over the whole vocabulary; the token they select."""
@@ -141,6 +188,16 @@ class Sampler:
         if self._grammar is not None:
             ll.llama_sampler_free(self._grammar)
             self._grammar = None
+
+
+def _piece(vocab: Any, token: int) -> bytes:
+    """`token`'s text, special tokens written out (as llama.cpp's grammar reads them)."""
+    buf = ctypes.create_string_buffer(64)
+    n = ll.llama_token_to_piece(vocab, token, buf, 64, 0, True)
+    if n < 0:
+        buf = ctypes.create_string_buffer(-n)
+        n = ll.llama_token_to_piece(vocab, token, buf, -n, 0, True)
+    return buf.raw[:n]
 
 
 def _penalties(window: int, repeat: float, frequency: float, presence: float) -> Any:

@@ -25,6 +25,7 @@ call; everything else is content.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -96,17 +97,60 @@ def grammar(tools: tuple[FunctionTool, ...], choice: ToolChoice | None,
     if not listed:
         raise InvalidRequest(f"tool_choice names `{choice.name}`, which is not in `tools`.",
                              param="tool_choice")
+    return _calls(listed, parallel)
+
+
+def lazy_grammar(tools: tuple[FunctionTool, ...], choice: ToolChoice | None,
+                 parallel: bool | None = None) -> tuple[str, str] | None:
+    """`tool_choice: auto`: a grammar for a call the model starts, and its trigger (a regular
+    expression: the grammar applies from its group on; sampling.py). The model answers in
+    text or calls as it likes; once it has written `<tool_call>`, or a bare object's
+    `{"name": "<a listed tool>"`, the rest is a valid call of a listed tool, its arguments
+    valid for the tool's schema (as many calls as `grammar` allows, in the form begun;
+    then the answer ends). So text that only looks like a call is never constrained. None
+    when there is nothing to call, or when a tool's schema is one the grammar cannot
+    enforce (its calls are then parsed, unchecked, as before)."""
+    if choice is not None and choice.mode != "auto":
+        return None
+    listed = offered(tools, choice)
+    if not listed:
+        return None
+    try:
+        gbnf = _calls(listed, parallel, lazy=True)
+    except InvalidRequest:
+        return None
+    names = "|".join(re.escape(json.dumps(t.name)) for t in listed)
+    return gbnf, f'({re.escape(OPEN)}|\\{{\\s*"name"\\s*:\\s*(?:{names}))'
+
+
+def _calls(listed: tuple[FunctionTool, ...], parallel: bool | None, lazy: bool = False) -> str:
+    """Calls of `listed`: forced, each `<tool_call>` block exactly as the tool prompt asks;
+    lazy, the block or a bare object (closing a ```json fence or not), with some room for
+    whitespace, since the model chose how to begin."""
     conv: Any = converter()
     alts = []
     for i, tool in enumerate(listed):
         params = dict(tool.parameters) if tool.parameters is not None else {"type": "object"}
         args = visit(conv, params, f"tool{i}-args", "tools")
         name = json.dumps(json.dumps(tool.name))  # a GBNF literal of the JSON string
-        alts.append(f'"{OPEN}\\n{{\\"name\\": " {name} ", \\"arguments\\": " {args} '
-                    f'"}}\\n{CLOSE}"')
+        if lazy:
+            alts.append(f'{name} tws "," tws "\\"arguments\\"" tws ":" tws {args}')
+        else:
+            alts.append(f'"{OPEN}\\n{{\\"name\\": " {name} ", \\"arguments\\": " {args} '
+                        f'"}}\\n{CLOSE}"')
     # the converter's own rule table (it renames a rule whose name is taken)
-    call = conv._add_rule("call", " | ".join(alts))  # noqa: SLF001
-    conv._add_rule("root", f'{call} ( "\\n" {call} )*' if parallel else call)  # noqa: SLF001
+    add = conv._add_rule  # noqa: SLF001
+    if not lazy:
+        call = add("call", " | ".join(alts))
+        add("root", f'{call} ( "\\n" {call} )*' if parallel else call)
+        return text(conv)
+    add("tws", "[ \\t\\n]{0,3}")
+    obj = add("call-object", '"{" tws "\\"name\\"" tws ":" tws ( ' + " | ".join(alts)
+              + ' ) tws "}"')
+    block = add("call-block", f'"{OPEN}" tws {obj} tws "{CLOSE}"')
+    blocks, objects = (f"{block} ( tws {block} )*", f"{obj} ( tws {obj} )*") if parallel \
+        else (block, obj)
+    add("root", f'{blocks} | {objects} ( tws "```" )?')
     return text(conv)
 
 
