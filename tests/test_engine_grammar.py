@@ -138,13 +138,12 @@ def _parse(answer: str, size: int) -> tuple[str, list[tuple[int, str | None, str
     t, d = parser.finish()
     text.append(t)
     deltas.extend(d)
-    for first, args in zip(deltas[::2], deltas[1::2], strict=True):
-        # as OpenAI streams a call: id, type and name first, then the arguments
-        assert first.id and first.type == "function" and args.id is None
+    for d in deltas:  # each call whole in one fragment: a client reading tool_calls[0] has it
+        assert d.id and d.type == "function" and d.name and d.arguments is not None
     return "".join(text), [(d.index, d.name, d.arguments) for d in deltas]
 
 
-PARIS = [(0, "get_weather", ""), (0, None, '{"city": "Paris"}')]
+PARIS = [(0, "get_weather", '{"city": "Paris"}')]
 
 
 def test_the_parser_splits_text_and_calls_across_any_chunking() -> None:
@@ -166,7 +165,7 @@ def test_the_parser_splits_text_and_calls_across_any_chunking() -> None:
     ('```\n{"name": "get_weather", "arguments": {"city": "Paris"}}', "", PARIS),  # unclosed fence
     ('Checking.\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n'
      '{"name": "get_time", "arguments": {}}',
-     "Checking.\n\n", PARIS + [(1, "get_time", ""), (1, None, "{}")]),
+     "Checking.\n\n", PARIS + [(1, "get_time", "{}")]),
     # braces, fences and objects that are no call stay text, byte for byte
     ('Use {x} or `f()`, <b>bold</b> and a < b.\n```python\nd = {"name": 1}\n```\n'
      '{"name": "Bob", "arguments": {"name": "get_time", "arguments": {}}} '
@@ -179,7 +178,7 @@ def test_the_parser_splits_text_and_calls_across_any_chunking() -> None:
     ('<tool_call>\n{"name": "get_weather", "arguments": {"city": "Pa',
      '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Pa', []),
     ('A brace in a string: {"name": "get_weather", "arguments": {"city": "}{\\""}} ok',
-     "A brace in a string:  ok", [(0, "get_weather", ""), (0, None, '{"city": "}{\\""}')]),
+     "A brace in a string:  ok", [(0, "get_weather", '{"city": "}{\\""}')]),
 ])
 def test_the_parser_takes_bare_calls_as_llama_cpp_does(
         answer: str, content: str, calls: list[tuple[int, str | None, str]]) -> None:

@@ -273,9 +273,11 @@ class ToolCallParser:
 
     def _deltas(self, name: str, args: dict[str, Any]) -> tuple[ToolCallDelta, ...]:
         index, self.calls = self.calls, self.calls + 1
-        # as OpenAI streams a call: id, type and name first, then the arguments
-        return (ToolCallDelta(index, new_id("call"), "function", name, ""),
-                ToolCallDelta(index, arguments=json.dumps(args, ensure_ascii=False)))
+        # the call is whole when it is parsed: one fragment with id, type, name and all its
+        # arguments (two fragments of one index in one chunk, as this sent before, lose the
+        # arguments for a client that reads `tool_calls[0]`)
+        return (ToolCallDelta(index, new_id("call"), "function", name,
+                              json.dumps(args, ensure_ascii=False)),)
 
 
 _Call = tuple[str, dict[str, Any]]  # a function's name and its arguments
