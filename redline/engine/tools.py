@@ -144,7 +144,7 @@ def _calls(listed: tuple[FunctionTool, ...], parallel: bool | None, lazy: bool =
         call = add("call", " | ".join(alts))
         add("root", f'{call} ( "\\n" {call} )*' if parallel else call)
         return text(conv)
-    add("tws", "[ \\t\\n]{0,3}")
+    add("tws", "[ \\t\\n]{0,16}")  # room for a pretty-printed object's indentation
     obj = add("call-object", '"{" tws "\\"name\\"" tws ":" tws ( ' + " | ".join(alts)
               + ' ) tws "}"')
     block = add("call-block", f'"{OPEN}" tws {obj} tws "{CLOSE}"')
