@@ -32,7 +32,7 @@ def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[anthropi
 
 
 def test_text(gateway: Any) -> None:
-    client, _, _ = gateway
+    client, gw, _ = gateway
     msg = client.messages.create(model="remote", max_tokens=3, messages=ASK,
                                  system="Be brief.", stop_sequences=["zzz"])
     assert msg.type == "message" and msg.role == "assistant" and msg.model == "remote"
@@ -40,6 +40,12 @@ def test_text(gateway: Any) -> None:
     assert msg.content[0].text == "tok tok tok"  # type: ignore[union-attr]
     assert msg.stop_reason == "max_tokens"
     assert msg.usage.output_tokens == 3 and msg.usage.cache_read_input_tokens == 1
+    # Anthropic's total input is input_tokens + cache_read_input_tokens: the cached token
+    # is not also in input_tokens
+    plain = client.messages.create(model="remote", max_tokens=3, messages=ASK)
+    chat = httpx.post(f"{gw}/v1/chat/completions", timeout=30,
+                      json={"model": "remote", "max_tokens": 3, "messages": ASK}).json()
+    assert plain.usage.input_tokens + 1 == chat["usage"]["prompt_tokens"]
     # `auto`: the message names the model that answered, as a chat completion does
     raw = client.messages.with_raw_response.create(model="auto", max_tokens=3, messages=ASK)
     assert raw.parse().model == raw.headers["x-redline-model"] != "auto"
@@ -110,7 +116,8 @@ def test_errors_are_anthropic_shaped(gateway: Any) -> None:
 
 def test_count_tokens_counts_what_the_message_is_charged(gateway: Any) -> None:
     """messages.count_tokens: a remote model's engine counts the chat redline would send it
-    (its /tokenize), and the count is the input_tokens the message's usage then says;
+    (its /tokenize), and the count is the input the message's usage then says (its
+    input_tokens and cache_read_input_tokens together);
     errors in Anthropic's shape."""
     client, url, up = gateway
     ask: dict[str, Any] = {"model": "remote", "messages": ASK, "system": "Be brief.",
@@ -120,7 +127,9 @@ def test_count_tokens_counts_what_the_message_is_charged(gateway: Any) -> None:
     assert [m["content"] for m in sent["messages"]] == ["Be brief.", ASK[0]["content"]]
     assert sent["tools"][0]["function"]["name"] == "get_weather"
     used = client.messages.create(**ask, max_tokens=3)
-    assert counted.input_tokens == used.usage.input_tokens
+    # the whole prompt: what the usage splits into uncached and cache-read tokens
+    assert counted.input_tokens == used.usage.input_tokens + (
+        used.usage.cache_read_input_tokens or 0)
     assert client.messages.count_tokens(model="remote", messages=ASK).input_tokens \
         < counted.input_tokens
     with pytest.raises(anthropic.NotFoundError):

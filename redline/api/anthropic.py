@@ -250,10 +250,13 @@ def _turn(turn: Turn) -> list[Message]:
 
 
 def usage_json(u: Usage | None) -> dict[str, Any]:
-    out: dict[str, Any] = {"input_tokens": u.prompt_tokens if u else 0,
+    """Anthropic's usage: `input_tokens` are the prompt tokens not read from the cache (its
+    total input is input_tokens + cache_read_input_tokens + cache_creation_input_tokens)."""
+    cached = u.cached_tokens if u is not None else None
+    out: dict[str, Any] = {"input_tokens": u.prompt_tokens - (cached or 0) if u else 0,
                            "output_tokens": u.completion_tokens if u else 0}
-    if u is not None and u.cached_tokens is not None:
-        out["cache_read_input_tokens"] = u.cached_tokens
+    if cached is not None:
+        out["cache_read_input_tokens"] = cached
     return out
 
 
