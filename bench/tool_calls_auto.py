@@ -1,7 +1,8 @@
 """`tool_choice: auto` on the embedded engine: how many answers that try a tool call give a
 valid one, with the lazy grammar (a call the model starts is constrained to a listed tool
 and its schema) and without it (the call parsed from free text), same prompts and seeds,
-in one run, alternating.
+in one run, alternating; and when an answer's first tool-call fragment comes (under the
+grammar a call is streamed as it is written; parsed from free text it comes whole).
 
 Each answer is one of: `valid` (tool_calls parsed, every call's arguments valid for its
 tool's schema by `jsonschema`), `invalid` (a call attempted, `<tool_call>` or a
@@ -17,6 +18,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import statistics
 import sys
 import time
 from collections import Counter
@@ -78,6 +80,12 @@ PROMPTS = [
 ]
 
 
+# the time of each answer's first tool-call fragment and its end, per mode (streamed under
+# the grammar: the header comes when the name is written; parsed: the call comes whole)
+FIRST_CALL: dict[str, list[tuple[float, float]]] = {}
+MODE = [""]
+
+
 def classify(text: str, calls: list[Any], finish: str | None) -> str:
     if calls:
         for call in calls:
@@ -100,8 +108,15 @@ async def answer(backend: LocalBackend, prompt: str, seed: int, temperature: flo
         tool_choice=ToolChoice("auto"),
         sampling=SamplingParams(max_tokens=max_tokens, temperature=temperature, seed=seed))
     t0 = time.perf_counter()
-    chunks = [c async for c in backend.stream(request)]
+    chunks = []
+    first_call = None
+    async for c in backend.stream(request):
+        chunks.append(c)
+        if first_call is None and c.tool_calls:
+            first_call = time.perf_counter() - t0
     seconds = time.perf_counter() - t0
+    if first_call is not None:
+        FIRST_CALL.setdefault(MODE[0], []).append((first_call, seconds))
     a = assemble(chunks)[0]
     calls = list(a.tool_calls())
     tokens = sum(c.usage.completion_tokens for c in chunks if c.usage is not None)
@@ -128,6 +143,7 @@ async def main(model: str, seeds: int, temperature: float, max_tokens: int,
                 for mode in modes:
                     local_features.lazy_grammar = lazy if mode == "lazy grammar" else (  # type: ignore[assignment]
                         lambda *a, **k: None)
+                    MODE[0] = mode
                     kind, s, n, shown = await answer(backend, prompt, seed, temperature,
                                                      max_tokens)
                     results[mode][kind] += 1
@@ -151,6 +167,16 @@ async def main(model: str, seeds: int, temperature: float, max_tokens: int,
         print(f"| {mode} | {c['valid']} | {c['invalid']} | {c['text']} | {c['cut']} | "
               f"{share} | {seconds[mode]:.1f} | {tokens[mode]} | "
               f"{1000 * seconds[mode] / max(tokens[mode], 1):.1f} |")
+    print("\n| mode | answers with a call | first call fragment p50 | its end p50 | "
+          "first fragment / end, median |")
+    print("|---|---|---|---|---|")
+    for mode in results:
+        pairs = FIRST_CALL.get(mode, [])
+        if pairs:
+            print(f"| {mode} | {len(pairs)} | "
+                  f"{statistics.median(p[0] for p in pairs):.2f} s | "
+                  f"{statistics.median(p[1] for p in pairs):.2f} s | "
+                  f"{statistics.median(p[0] / p[1] for p in pairs):.2f} |")
 
 
 if __name__ == "__main__":

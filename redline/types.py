@@ -415,6 +415,9 @@ class Chunk:
     # the embedded engine's first chunk, when asked (SamplingParams.prompt_logprobs): each
     # prompt token's log-probability after the ones before it (from the second token on)
     prompt_logprobs: tuple[TokenLogprob, ...] | None = None
+    # the embedded engine's grammar held this chunk's tokens (a tool call it is sure of
+    # can then be streamed as it is written)
+    constrained: bool = False
 
     @property
     def finish(self) -> FinishReason | None:

@@ -194,3 +194,73 @@ def test_parallel_tool_calls_false_forces_exactly_one_call() -> None:
     # unset: one call (a small model would add calls until max_tokens)
     assert grammar((WEATHER,), ToolChoice("function", "get_weather")) == \
         grammar((WEATHER,), ToolChoice("function", "get_weather"), parallel=False)
+
+
+def _live(answer: str, size: int) -> tuple[str, list[tuple[int, str, str]], int]:
+    """`answer` fed `size` characters at a time under the engine's grammar (`live`): the
+    content, each call assembled from its fragments (index, name, arguments), and how
+    many characters had been fed when the first fragment came."""
+    parser = ToolCallParser((WEATHER, TIME))
+    text: list[str] = []
+    calls: dict[int, list[str]] = {}
+    first = -1
+    for i in range(0, len(answer), size):
+        t, deltas = parser.feed(answer[i:i + size], live=True)
+        text.append(t)
+        assert len({d.index for d in deltas}) == len(deltas)  # one fragment a call a chunk
+        for d in deltas:
+            first = i + size if first < 0 else first
+            call = calls.setdefault(d.index, ["", ""])
+            if d.name:
+                assert d.id and d.type == "function" and not call[0]
+                call[0] = d.name
+            call[1] += d.arguments or ""
+    t, deltas = parser.finish()
+    text.append(t)
+    for d in deltas:
+        calls.setdefault(d.index, ["", ""])[1] += d.arguments or ""
+    return "".join(text), [(i, c[0], c[1]) for i, c in sorted(calls.items())], first
+
+
+@pytest.mark.parametrize(("answer", "content", "calls"), [
+    ('Sure.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Pa}ris"}}\n'
+     '</tool_call>', "Sure.\n", [(0, "get_weather", '{"city": "Pa}ris"}')]),
+    ('```json\n{\n    "name": "get_weather",\n    "arguments": {"city": "Oslo"}\n}\n```',
+     "", [(0, "get_weather", '{"city": "Oslo"}')]),
+    ('{"name":"get_time","arguments":{}}', "", [(0, "get_time", "{}")]),
+    ('<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>\n<tool_call>\n'
+     '{"name": "get_weather", "arguments": {"city": "Rome", "days": [1, {"x": "]"}]}}\n'
+     '</tool_call>', "\n", [(0, "get_time", "{}"),
+                            (1, "get_weather", '{"city": "Rome", "days": [1, {"x": "]"}]}')]),
+])
+def test_a_call_the_grammar_holds_streams_as_it_is_written(
+        answer: str, content: str, calls: list[tuple[int, str, str]]) -> None:
+    """Under the engine's grammar the call is sure to be valid, so its header goes out as
+    soon as the name and `"arguments":` are written and its arguments follow fragment by
+    fragment (as OpenAI streams them), not all at once when the call has ended."""
+    for size in (1, 3, 8, len(answer)):
+        got_content, got_calls, first = _live(answer, size)
+        assert (got_content, got_calls) == (content, calls), size
+        for _, _, args in calls:
+            json.loads(args)  # the fragments join to the arguments as written
+        if size == 1:  # the header came before the first call's arguments were whole
+            assert first < answer.index(calls[0][2]) + len(calls[0][2])
+
+
+def test_a_streamed_call_cut_short_stays_a_call() -> None:
+    """max_tokens inside the arguments: the fragments already out stay a call (the
+    answer's finish_reason says `length`), as OpenAI's stream leaves them."""
+    got_content, got_calls, _ = _live('<tool_call>\n{"name": "get_weather", "arguments": '
+                                      '{"city": "Ber', 4)
+    assert got_content == "" and got_calls == [(0, "get_weather", '{"city": "Ber')]
+
+
+def test_without_the_grammar_a_call_comes_whole() -> None:
+    """Not live (no grammar, or before it holds): a call is only a call once whole, so it
+    is not streamed (a call-shaped object may still turn out to be text)."""
+    parser = ToolCallParser((WEATHER, TIME))
+    head = '{"name": "get_weather", "arguments": {"city": '
+    assert parser.feed(head) == ("", ())
+    text, deltas = parser.feed('"Paris"}}')
+    assert text == "" and [(d.name, d.arguments) for d in deltas] == [
+        ("get_weather", '{"city": "Paris"}')]

@@ -141,7 +141,7 @@ async def with_tool_calls(chunks: AsyncIterator[Chunk], parser: ToolCallParser) 
     """`chunks` with tool-call blocks taken out of the text and made tool-call deltas; a
     choice that called a tool finishes with "tool_calls"."""
     async for chunk in chunks:
-        text, calls = parser.feed(chunk.text)
+        text, calls = parser.feed(chunk.text, live=chunk.constrained)
         if chunk.finish is not None:
             rest, last = parser.finish()
             text, calls = text + rest, calls + last

@@ -335,6 +335,7 @@ class Engine:
             self.forecast.finished(len(seq.output))
             chunk = self._final(seq, reason, text + seq.detok.flush(),
                                 tokens=1 if text else 0, drafted=drafted)
+        chunk.constrained = seq.sampler.constrained
         if seq.sampling.logprobs and kept:
             chunk.logprobs = (token_logprobs(scores, token, seq.sampling.top_logprobs or 0,
                                              self.model.piece),)

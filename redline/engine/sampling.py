@@ -133,6 +133,11 @@ class Sampler:
         ll.llama_sampler_accept(self._chain, token)
         return token
 
+    @property
+    def constrained(self) -> bool:
+        """Whether the grammar holds the tokens now (a lazy one: once triggered)."""
+        return self._grammar is not None
+
     def _watch(self, token: int) -> None:
         """A lazy grammar's wait: when the answer so far matches the trigger, the grammar
         starts at its first group and takes the text from there; when that text does not

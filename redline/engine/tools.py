@@ -168,20 +168,32 @@ class ToolCallParser:
     held: str = ""  # text not yet emitted: from where a call may begin
     calls: int = 0
     _names: frozenset[str] = field(default_factory=frozenset)
+    # the engine's grammar holds the answer (a forced call, or a lazy one begun): a call
+    # is then streamed as it is written, its arguments fragment by fragment
+    live: bool = False
+    _open: _Live | None = None  # the call being streamed
+    _head: re.Pattern[str] | None = None
 
     def __post_init__(self) -> None:
         self._names = frozenset(t.name for t in self.tools)
+        names = "|".join(re.escape(json.dumps(t.name)) for t in self.tools) or "(?!)"
+        self._head = re.compile(r'(<tool_call>\s*|```(?:json|xml)?\n\s*)?\{\s*"name"\s*:\s*('
+                                + names + r')\s*,\s*"arguments"\s*:\s*(?=\{)')
 
-    def feed(self, text: str) -> tuple[str, tuple[ToolCallDelta, ...]]:
-        """Content to emit now and the tool-call deltas completed by `text`."""
+    def feed(self, text: str, live: bool = False) -> tuple[str, tuple[ToolCallDelta, ...]]:
+        """Content to emit now and the tool-call deltas completed by `text`; `live`: the
+        engine's grammar held the tokens of `text` (their call is sure to be valid)."""
+        self.live = self.live or live
         self.held += text
         return self._scan(final=False)
 
     def finish(self) -> tuple[str, tuple[ToolCallDelta, ...]]:
         """At the end: the rest, as content and the last calls. A fenced call whose closing
-        fence never came still counts; an unfinished block or object is text."""
+        fence never came still counts; an unfinished block or object is text (a streamed
+        call cut short stays a call: its fragments are out, as OpenAI's are at `length`)."""
         text, deltas = self._scan(final=True)
         text, self.held = text + self.held, ""
+        self._open = None
         return text, deltas
 
     def _scan(self, final: bool) -> tuple[str, tuple[ToolCallDelta, ...]]:
@@ -189,12 +201,33 @@ class ToolCallParser:
         content: list[str] = []
         deltas: list[ToolCallDelta] = []
         done = 0  # s[:done] is decided
+        if self._open is not None:
+            done, still_open = self._stream(s, 0, final, deltas)
+            if still_open:  # what is left is its unfinished end
+                self.held = s[done:]
+                return "", _joined(deltas)
         i = done
         while True:
             i = _next_start(s, i)
             if i < 0:
                 break
             found = self._call_at(s, i, final)
+            if found is None and self.live and not final:
+                head = self._head.match(s, i) if self._head is not None else None
+                if head is not None:  # a valid call begun: stream it from here
+                    content.append(s[done:i])
+                    index, self.calls = self.calls, self.calls + 1
+                    deltas.append(ToolCallDelta(index, new_id("call"), "function",
+                                                json.loads(head.group(2)), ""))
+                    kind = "bare" if head.group(1) is None else (
+                        "block" if head.group(1).startswith(OPEN) else "fenced")
+                    self._open = _Live(index, kind)
+                    done, still_open = self._stream(s, head.end(), final, deltas)
+                    if still_open:
+                        self.held = s[done:]
+                        return "".join(content), _joined(deltas)
+                    i = done
+                    continue
             if found is None:  # may still become a call: hold from here
                 break
             if found is False:
@@ -210,7 +243,42 @@ class ToolCallParser:
         stop = len(s) if i < 0 else i
         content.append(s[done:stop])
         self.held = s[stop:]
-        return "".join(content), tuple(deltas)
+        return "".join(content), _joined(deltas)
+
+    def _stream(self, s: str, k: int, final: bool,
+                deltas: list[ToolCallDelta]) -> tuple[int, bool]:
+        """The open call's text from `s[k]`: its arguments' characters as a fragment, then
+        its end (the call object's `}`, and `</tool_call>` or a fence after it), held until
+        whole. Where it has consumed to, and whether the call is still open."""
+        live = self._open
+        assert live is not None
+        start = k
+        while not live.args_done and k < len(s):  # the arguments object, string-aware
+            ch = s[k]
+            k += 1
+            if live.in_string:
+                if live.escaped:
+                    live.escaped = False
+                elif ch == "\\":
+                    live.escaped = True
+                elif ch == '"':
+                    live.in_string = False
+            elif ch == '"':
+                live.in_string = True
+            elif ch in "{[":
+                live.depth += 1
+            elif ch in "}]":
+                live.depth -= 1
+                live.args_done = live.depth == 0
+        if k > start:
+            deltas.append(ToolCallDelta(live.index, arguments=s[start:k]))
+        if not live.args_done:
+            return k, True
+        end = _call_end(s, k, live.kind, final)
+        if end is None:  # its end is still coming
+            return k, True
+        self._open = None
+        return end, False
 
     def _call_at(self, s: str, i: int, final: bool
                  ) -> tuple[int, _Call | None] | Literal[False] | None:
@@ -278,6 +346,57 @@ class ToolCallParser:
         # arguments for a client that reads `tool_calls[0]`)
         return (ToolCallDelta(index, new_id("call"), "function", name,
                               json.dumps(args, ensure_ascii=False)),)
+
+
+@dataclass
+class _Live:
+    """A call streamed as it is written: its index, how it began (a `<tool_call>` block,
+    a fenced or a bare object) and where its arguments' scan stands."""
+
+    index: int
+    kind: str
+    depth: int = 0
+    in_string: bool = False
+    escaped: bool = False
+    args_done: bool = False
+
+
+def _call_end(s: str, k: int, kind: str, final: bool) -> int | None:
+    """After a streamed call's arguments at `s[k]`: the index after the call's end (the
+    object's `}`, then `</tool_call>` for a block, or a closing fence, which may not come),
+    None while it is still coming. Text the grammar would not have written ends the call
+    where it stands (it stays content)."""
+    j = len(s) - len(s[k:].lstrip())
+    if j == len(s):
+        return k if final else None
+    if s[j] != "}":
+        return k
+    j += 1
+    if kind == "bare":
+        return j
+    rest = s[j:]
+    body = rest.lstrip()
+    tail = CLOSE if kind == "block" else FENCE
+    if body.startswith(tail):
+        return j + len(rest) - len(body) + len(tail)
+    if tail.startswith(body) and not final:
+        return None
+    return j
+
+
+def _joined(deltas: list[ToolCallDelta]) -> tuple[ToolCallDelta, ...]:
+    """One fragment per call in a chunk: a call's header and its arguments' pieces joined
+    (two fragments of one index in one chunk lose the arguments for a client that reads
+    `tool_calls[0]`)."""
+    out: list[ToolCallDelta] = []
+    for d in deltas:
+        if out and out[-1].index == d.index and d.id is None:
+            last = out[-1]
+            out[-1] = ToolCallDelta(last.index, last.id, last.type, last.name,
+                                    (last.arguments or "") + (d.arguments or ""))
+        else:
+            out.append(d)
+    return tuple(out)
 
 
 _Call = tuple[str, dict[str, Any]]  # a function's name and its arguments
