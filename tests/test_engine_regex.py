@@ -129,6 +129,8 @@ def test_control_characters_have_each_json_spelling(smol_vocab: Any) -> None:
     (r"(?>a)", "atomic"),
     (r"[", "not a regular expression"),
     (r"(?i:a)(?m:b)", "multiline"),
+    ("(" * 400 + "a" + ")" * 400, "nested too deeply"),  # Python's parser takes it
+    ("(" * 2000 + "a" + ")" * 2000, "recursion"),  # Python's parser does not
 ])
 def test_what_the_grammar_cannot_hold_is_refused(pattern: str, names: str) -> None:
     with pytest.raises(regex.RegexError, match=names):

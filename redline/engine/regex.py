@@ -66,10 +66,13 @@ def expression(pattern: str, *, json_string: bool = False, search: bool = False)
     writer = _Writer(json_string)
     flags = _flags(int(parsed.state.flags), "the pattern")
     items = list(parsed.data)
-    if len(items) == 1 and items[0][0] is _c.BRANCH:  # each alternative anchored apart
-        alts = [writer.anchored(list(alt), flags, search) for alt in items[0][1][1]]
-        return _group(alts)
-    return writer.anchored(items, flags, search)
+    try:
+        if len(items) == 1 and items[0][0] is _c.BRANCH:  # each alternative anchored apart
+            return _group([writer.anchored(list(alt), flags, search)
+                           for alt in items[0][1][1]])
+        return writer.anchored(items, flags, search)
+    except RecursionError as exc:
+        raise RegexError("the pattern is nested too deeply") from exc
 
 
 def _flags(flags: int, where: str) -> int:
