@@ -4,25 +4,20 @@ the GBNF the schema gives checked against the same truth by llama.cpp's own gram
 
 from __future__ import annotations
 
-import ctypes
 import math
 import random
 import re
 from collections.abc import Iterator
 from decimal import Decimal, localcontext
 from fractions import Fraction
-from pathlib import Path
 from typing import Any
 
-import llama_cpp as ll
 import pytest
+from grammar_oracle import grammar_takes
 
 from redline.engine import numerals
 from redline.engine.grammar import schema_grammar
-from redline.engine.llama import LlamaModel
 from redline.engine.numerals import Bound
-from redline.engine.sampling import grammar_sampler
-from redline.models import bundled_path
 
 # (schema bounds, type): one- and two-sided, inclusive and exclusive, negative, decimal,
 # bounds with more fraction digits than a numeral may have, bounds past 15 digits
@@ -163,43 +158,14 @@ def test_the_grammar_stays_small() -> None:
     assert len(numerals.gbnf(node(wide, True))) < 4000  # ~50 characters a digit
 
 
-@pytest.fixture(scope="module")
-def vocab() -> Iterator[tuple[Any, dict[str, int], int]]:
-    """SmolLM2's vocabulary (llama.cpp compiles grammars over one), a token per character,
-    and its end-of-text token."""
-    model = LlamaModel(str(bundled_path("smollm2-135m-instruct", Path(".redline/models"))))
-    chars = {c: model.tokenize(c, add_special=False, parse_special=False)
-             for c in "0123456789-.+eE "}
-    assert all(len(t) == 1 for t in chars.values())
-    yield model.vocab, {c: t[0] for c, t in chars.items()}, ll.llama_vocab_eos(model.vocab)
-    model.close()
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize(("bounds", "kind"), CASES, ids=IDS)
 def test_llama_cpp_takes_exactly_the_numerals_in_range(
-        vocab: tuple[Any, dict[str, int], int], bounds: dict[str, Any], kind: str) -> None:
-    """The schema's whole grammar, compiled by llama.cpp and fed a character at a time:
-    it takes a text (then the end of text) exactly when the truth does, with or without the
+        smol_vocab: Any, bounds: dict[str, Any], kind: str) -> None:
+    """The schema's whole grammar, compiled by llama.cpp and fed as SmolLM2's tokens: it
+    takes a text (then the end of text) exactly when the truth does, with or without the
     one space the JSON grammar allows after a value."""
-    vocab_, token, end = vocab
-    smpl = grammar_sampler(vocab_, schema_grammar({"type": kind, **bounds}, "r"))
-    one = (ll.llama_token_data * 1)()
-
-    def allowed(t: int) -> bool:
-        one[0].id, one[0].logit, one[0].p = t, 1.0, 0.0
-        ll.llama_sampler_apply(smpl, ctypes.byref(ll.llama_token_data_array(
-            data=one, size=1, selected=-1, sorted=False)))
-        return math.isfinite(one[0].logit)
-
-    def takes(text: str) -> bool:
-        ll.llama_sampler_reset(smpl)
-        for c in text:
-            if not allowed(token[c]):
-                return False
-            ll.llama_sampler_accept(smpl, token[c])
-        return allowed(end)
-
+    takes = grammar_takes(smol_vocab, schema_grammar({"type": kind, **bounds}, "r"))
     try:
         texts = candidates(bounds, seed=len(str(bounds)))
         sample = random.Random(7).sample(texts, min(len(texts), 600))
@@ -209,4 +175,4 @@ def test_llama_cpp_takes_exactly_the_numerals_in_range(
             assert takes(text + " ") == expected, (text + " ", expected)
             assert not takes(text + "  ")
     finally:
-        ll.llama_sampler_free(smpl)
+        takes.free()  # type: ignore[attr-defined]
