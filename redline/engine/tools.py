@@ -20,6 +20,12 @@ instruct models were trained on it; other models get the same text (with `tool_c
 The answer is parsed back: a <tool_call> block, or a bare `{"name": ..., "arguments": ...}`
 object (fenced or not), whose JSON names a listed function with object arguments is a tool
 call; everything else is content.
+
+The grammar: `tool_choice` `required` or a named function forces a call from the answer's
+start (`grammar`); `auto` holds a call once the model has begun one (`lazy_grammar`, whose
+trigger the sampler watches for). A call the grammar holds is sure to be valid, so the
+parser streams it as it is written (id and name, then the arguments piece by piece); a call
+parsed from free text is given whole, once it is sure to be one.
 """
 
 from __future__ import annotations
