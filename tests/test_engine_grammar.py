@@ -236,15 +236,15 @@ def _live(answer: str, size: int) -> tuple[str, list[tuple[int, str, str]], int]
 def test_a_call_the_grammar_holds_streams_as_it_is_written(
         answer: str, content: str, calls: list[tuple[int, str, str]]) -> None:
     """Under the engine's grammar the call is sure to be valid, so its header goes out as
-    soon as the name and `"arguments":` are written and its arguments follow fragment by
-    fragment (as OpenAI streams them), not all at once when the call has ended."""
+    soon as its name is written and its arguments follow fragment by fragment (as OpenAI
+    streams them), not all at once when the call has ended."""
     for size in (1, 3, 8, len(answer)):
         got_content, got_calls, first = _live(answer, size)
         assert (got_content, got_calls) == (content, calls), size
         for _, _, args in calls:
             json.loads(args)  # the fragments join to the arguments as written
-        if size == 1:  # the header came before the first call's arguments were whole
-            assert first < answer.index(calls[0][2]) + len(calls[0][2])
+        if size == 1:  # the header came with the name's closing quote
+            assert first == answer.index(f'"{calls[0][1]}"') + len(calls[0][1]) + 2
 
 
 def test_a_streamed_call_cut_short_stays_a_call() -> None:

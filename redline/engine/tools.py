@@ -24,7 +24,8 @@ call; everything else is content.
 The grammar: `tool_choice` `required` or a named function forces a call from the answer's
 start (`grammar`); `auto` holds a call once the model has begun one (`lazy_grammar`, whose
 trigger the sampler watches for). A call the grammar holds is sure to be valid, so the
-parser streams it as it is written (id and name, then the arguments piece by piece); a call
+parser streams it as it is written (id and name once the name is written, then the
+arguments piece by piece); a call
 parsed from free text is given whole, once it is sure to be one.
 """
 
@@ -184,7 +185,7 @@ class ToolCallParser:
         self._names = frozenset(t.name for t in self.tools)
         names = "|".join(re.escape(json.dumps(t.name)) for t in self.tools) or "(?!)"
         self._head = re.compile(r'(<tool_call>\s*|```(?:json|xml)?\n\s*)?\{\s*"name"\s*:\s*('
-                                + names + r')\s*,\s*"arguments"\s*:\s*(?=\{)')
+                                + names + ")")
 
     def feed(self, text: str, live: bool = False) -> tuple[str, tuple[ToolCallDelta, ...]]:
         """Content to emit now and the tool-call deltas completed by `text`; `live`: the
@@ -258,6 +259,11 @@ class ToolCallParser:
         whole. Where it has consumed to, and whether the call is still open."""
         live = self._open
         assert live is not None
+        if not live.args_begun:  # `, "arguments": ` (the grammar's): up to the object's `{`
+            brace = s.find("{", k)
+            if brace < 0:
+                return k, True
+            k, live.args_begun = brace, True
         start = k
         while not live.args_done and k < len(s):  # the arguments object, string-aware
             ch = s[k]
@@ -361,6 +367,7 @@ class _Live:
 
     index: int
     kind: str
+    args_begun: bool = False
     depth: int = 0
     in_string: bool = False
     escaped: bool = False
