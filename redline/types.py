@@ -261,6 +261,9 @@ class GenerationRequest:
     # Predicted Outputs: what the client expects most of the answer to be (its speed, never
     # its text: the embedded engine drafts from it)
     prediction: str | None = None
+    # the client sent OpenAI's deprecated `functions` / `function_call` (read as tools and
+    # tool_choice): its answer says `function_call`, as OpenAI's does
+    legacy_functions: bool = False
     # the client's fields that redline does not model: a remote engine gets them unchanged
     extra: Extra = NO_EXTRA
     arrival: float = field(default_factory=time.perf_counter)

@@ -54,7 +54,7 @@ async def stored(services: Services, body: ChatCompletionRequest, gen: Generatio
         async for chunk in chunks:
             got.append(chunk)
             if chunk.finish_reason is not None and chunk.finish_reason != "error":
-                encoder = ChunkEncoder("chat", gen.id, c.model)
+                encoder = ChunkEncoder("chat", gen.id, c.model, legacy=gen.legacy_functions)
                 completion = orjson.loads(encoder.full(assemble(got, gen.choices),
                                                        c.usage or chunk.usage,
                                                        chunk.finish_reason))

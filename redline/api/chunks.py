@@ -83,6 +83,18 @@ def _call_delta(d: ToolCallDelta) -> dict[str, Any]:
     return out
 
 
+def _function_delta(deltas: Sequence[ToolCallDelta]) -> dict[str, Any]:
+    """The legacy `function_call` delta of a chunk's call fragments (its first call's:
+    a legacy answer holds one): the name where it starts, and its arguments' piece."""
+    first = [d for d in deltas if d.index == 0]
+    out: dict[str, Any] = {}
+    name = next((d.name for d in first if d.name is not None), None)
+    if name is not None:
+        out["name"] = name
+    out["arguments"] = "".join(d.arguments or "" for d in first)
+    return out
+
+
 def _call(c: ToolCall) -> dict[str, Any]:
     return {"id": c.id, "type": c.type, "function": {"name": c.name, "arguments": c.arguments}}
 
@@ -90,10 +102,15 @@ def _call(c: ToolCall) -> dict[str, Any]:
 class ChunkEncoder:
     """The JSON of one response's events and of its whole answer."""
 
-    __slots__ = ("kind", "id", "model", "created", "include_usage", "_object", "_offsets")
+    __slots__ = ("kind", "id", "model", "created", "include_usage", "legacy", "_object",
+                 "_offsets")
 
-    def __init__(self, kind: Kind, gen_id: str, model: str, include_usage: bool = False) -> None:
+    def __init__(self, kind: Kind, gen_id: str, model: str, include_usage: bool = False,
+                 legacy: bool = False) -> None:
+        """`legacy`: the client asked with OpenAI's deprecated `functions`, so its call is
+        a `function_call` (one, without an id) and its finish reason "function_call"."""
         self.kind = kind
+        self.legacy = legacy
         self.id = gen_id.replace("req-", "chatcmpl-" if kind == "chat" else "cmpl-")
         self.model = model
         self.created = int(time.time())
@@ -137,7 +154,9 @@ class ChunkEncoder:
                 delta["content"] = chunk.text
             if chunk.reasoning:
                 delta["reasoning_content"] = chunk.reasoning
-            if chunk.tool_calls:
+            if chunk.tool_calls and self.legacy:
+                delta["function_call"] = _function_delta(chunk.tool_calls)
+            elif chunk.tool_calls:
                 delta["tool_calls"] = [_call_delta(d) for d in chunk.tool_calls]
             delta.update(chunk.extra)
             choice["delta"] = delta
@@ -164,7 +183,8 @@ class ChunkEncoder:
         else:
             choice["text"] = ""
         choice["logprobs"] = None
-        choice["finish_reason"] = reason
+        choice["finish_reason"] = "function_call" if self.legacy and reason == "tool_calls" \
+            else reason
         return self._event([choice], redline)
 
     def usage(self, usage: Usage | None) -> str:
@@ -185,14 +205,19 @@ class ChunkEncoder:
                                            "content": text if text or not calls else None}
                 if c.reasoning:
                     message["reasoning_content"] = "".join(c.reasoning)
-                if calls:
+                if calls and self.legacy:
+                    message["function_call"] = {"name": calls[0].name,
+                                                "arguments": calls[0].arguments}
+                elif calls:
                     message["tool_calls"] = [_call(t) for t in calls]
                 message.update(c.extra)
                 choice["message"] = message
             else:
                 choice["text"] = text
             choice["logprobs"] = self._logprobs(c.logprobs, c.index, whole=True)
-            choice["finish_reason"] = c.finish_reason or default_finish
+            finish = c.finish_reason or default_finish
+            choice["finish_reason"] = "function_call" if self.legacy and finish == "tool_calls" \
+                else finish
             out.append(choice)
         return orjson.dumps({"id": self.id,
                              "object": "chat.completion" if self.kind == "chat" else "text_completion",

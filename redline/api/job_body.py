@@ -98,7 +98,8 @@ class JobShapes:
              chunks: list[Chunk], usage: Usage | None,
              finish_reason: str | None) -> dict[str, Any]:
         assert spec.endpoint in ("chat", "text")  # the others are run by `whole`
-        encoder = ChunkEncoder(spec.endpoint, request.id, model)
+        encoder = ChunkEncoder(spec.endpoint, request.id, model,
+                               legacy=request.legacy_functions)
         answer: dict[str, Any] = orjson.loads(encoder.full(
             assemble(chunks, request.choices), usage, finish_reason or "stop"))
         return answer

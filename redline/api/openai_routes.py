@@ -194,7 +194,7 @@ async def serve(services: Services, request: Request,
         live = streams.start(stream_id, events, tenant=gen.tenant, first=first,
                              presence=gen.presence)
         return sse.EventStream(streams.follow(live), headers=headers, first_ready=bool(first))
-    encoder = ChunkEncoder(gen_kind, gen.id, completion.model)
+    encoder = ChunkEncoder(gen_kind, gen.id, completion.model, legacy=gen.legacy_functions)
     got = [chunk async for chunk in completion.chunks]
     payload = encoder.full(assemble(got, gen.choices), completion.usage,
                            completion.finish_reason or "stop")
@@ -211,7 +211,8 @@ class _StreamParts:
     def __init__(self, gen: Any, gen_kind: Kind, include_usage: bool, streams: StreamManager,
                  model: str, tier: str) -> None:
         self.model, self.tier = model, tier
-        self.encoder = ChunkEncoder(gen_kind, gen.id, model, include_usage)
+        self.encoder = ChunkEncoder(gen_kind, gen.id, model, include_usage,
+                                    legacy=gen.legacy_functions)
         self.progress = streams.progress(gen, model, tier)
 
 

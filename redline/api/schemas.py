@@ -8,6 +8,7 @@ never go upstream."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Mapping
 from typing import Annotated, Any, Literal
@@ -75,11 +76,13 @@ class ToolCallIn(_Open):
 
 
 class ChatMessage(_Open):
-    role: Literal["system", "user", "assistant", "developer", "tool"]
+    # "function": the answer to a legacy `function_call` (ChatCompletionRequest reads it)
+    role: Literal["system", "user", "assistant", "developer", "tool", "function"]
     content: str | list[ContentPart] | None = None
     name: str | None = None
     tool_calls: list[ToolCallIn] | None = None
     tool_call_id: str | None = None
+    function_call: dict[str, Any] | None = None  # an assistant turn's legacy call
 
     def text(self) -> str:
         if self.content is None:
@@ -228,6 +231,9 @@ class ChatCompletionRequest(_SamplingFields):
     logprobs: bool | None = None
     top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
     prediction: dict[str, Any] | None = None  # OpenAI's Predicted Outputs
+    # OpenAI's deprecated function calling: read as `tools` and `tool_choice` (_legacy)
+    functions: list[dict[str, Any]] | None = None
+    function_call: str | dict[str, Any] | None = None
     # OpenAI's stored completions: redline keeps the answer (api/chat_store_routes.py)
     store: bool | None = None
     metadata: Metadata | None = Field(None, max_length=16)
@@ -239,16 +245,71 @@ class ChatCompletionRequest(_SamplingFields):
         if self.top_logprobs is not None and not self.logprobs:
             raise InvalidRequest("top_logprobs needs logprobs: true", param="top_logprobs")
         tools = _tools(self.tools)
+        choice = _tool_choice(self.tool_choice, tools)
+        parallel = self.parallel_tool_calls
+        legacy = self.functions is not None or self.function_call is not None
+        if legacy:
+            tools, choice = self._legacy(tools)
+            parallel = False  # a legacy answer holds one call
         return self._request(
             tier, tenant, no_cache,
             self.sampling(self.max_completion_tokens or self.max_tokens, bool(self.logprobs),
                           self.top_logprobs),
-            messages=tuple(m.typed() for m in self.messages),
-            tools=tools, tool_choice=_tool_choice(self.tool_choice, tools),
-            parallel_tool_calls=self.parallel_tool_calls,
+            messages=_messages(self.messages),
+            tools=tools, tool_choice=choice, legacy_functions=legacy,
+            parallel_tool_calls=parallel,
             response_format=_response_format(self.response_format),
             max_tokens_field="max_completion_tokens" if self.max_completion_tokens else "max_tokens",
             prediction=_prediction(self.prediction))
+
+
+    def _legacy(self, tools: tuple[FunctionTool, ...]) -> tuple[tuple[FunctionTool, ...],
+                                                                ToolChoice | None]:
+        """`functions` and `function_call` as the tools and tool_choice they mean."""
+        if tools or self.tool_choice is not None or self.parallel_tool_calls is not None:
+            raise InvalidRequest("Use tools or the deprecated functions, not both.",
+                                 param="functions")
+        if not self.functions:
+            raise InvalidRequest("function_call needs functions.", param="function_call")
+        try:
+            tools = _tools([{"type": "function", "function": f} for f in self.functions])
+        except InvalidRequest as exc:  # named as the client sent them
+            raise InvalidRequest(exc.message.replace("tools[", "functions[").replace(
+                ".function.", "."), param=(exc.param or "functions").replace(
+                "tools[", "functions[").replace(".function.", ".")) from exc
+        raw = self.function_call
+        if raw is None or raw in ("none", "auto"):
+            return tools, None if raw is None else ToolChoice("none" if raw == "none" else "auto")
+        if isinstance(raw, dict) and isinstance(raw.get("name"), str) and set(raw) == {"name"}:
+            return tools, named_tool(raw["name"], tools, "function_call")
+        raise InvalidRequest('function_call must be "none", "auto" or {"name": ...}.',
+                             param="function_call")
+
+
+def _messages(messages: list[ChatMessage]) -> tuple[Message, ...]:
+    """The turns, typed; an assistant's legacy `function_call` as a tool call, and the
+    `function` message after it as its answer (OpenAI's deprecated function calling)."""
+    out: list[Message] = []
+    last: str | None = None  # the id given to the latest legacy call
+    for i, m in enumerate(messages):
+        typed = m.typed()
+        if m.function_call is not None:
+            fc = m.function_call
+            if m.role != "assistant" or not isinstance(fc.get("name"), str) or \
+                    not isinstance(fc.get("arguments", ""), str) or set(fc) - {"name", "arguments"}:
+                raise InvalidRequest("function_call is an assistant turn's {\"name\": ..., "
+                                     "\"arguments\": ...}.", param=f"messages[{i}].function_call")
+            last = f"call_legacy_{i}"
+            call = ToolCall(last, fc["name"], fc.get("arguments") or "{}", "function")
+            typed = dataclasses.replace(typed, tool_calls=(*typed.tool_calls, call))
+        elif m.role == "function":
+            if last is None or not m.name:
+                raise InvalidRequest("A function message answers an assistant's function_call "
+                                     "before it, and names the function.",
+                                     param=f"messages[{i}]")
+            typed = dataclasses.replace(typed, role="tool", tool_call_id=last)
+        out.append(typed)
+    return tuple(out)
 
 
 class CompletionRequest(_SamplingFields):
