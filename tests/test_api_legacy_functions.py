@@ -85,6 +85,7 @@ def test_a_streamed_function_call(gateway: tuple[openai.OpenAI, str]) -> None:
     ({"functions": [WEATHER], "tools": [{"type": "function", "function": WEATHER}]},
      "functions"),
     ({"function_call": "auto"}, "function_call"),
+    ({"functions": []}, "functions"),
     ({"functions": [WEATHER], "function_call": "required"}, "function_call"),
     ({"functions": [WEATHER], "function_call": {"name": "nope"}}, "function_call"),
     ({"functions": [{"description": "no name"}]}, "functions[0].name"),

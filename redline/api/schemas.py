@@ -269,6 +269,9 @@ class ChatCompletionRequest(_SamplingFields):
         if tools or self.tool_choice is not None or self.parallel_tool_calls is not None:
             raise InvalidRequest("Use tools or the deprecated functions, not both.",
                                  param="functions")
+        if self.functions is not None and not self.functions:
+            raise InvalidRequest("functions must list at least one function.",
+                                 param="functions")
         if not self.functions:
             raise InvalidRequest("function_call needs functions.", param="function_call")
         try:
