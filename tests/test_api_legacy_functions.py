@@ -141,3 +141,25 @@ def test_the_encoder_writes_the_legacy_shape() -> None:
     # without it: tool calls, as before
     plain = json.loads(ChunkEncoder("chat", "req-1", "m").delta(header, None))
     assert "tool_calls" in plain["choices"][0]["delta"]
+
+
+def test_a_400_on_the_tools_names_the_functions_the_client_sent() -> None:
+    """The embedded engine cannot force a call whose schema its grammar cannot enforce:
+    the 400 names `functions`, the field the client sent, not the tools it was read as."""
+    from redline.api.capabilities import _local
+    from redline.config import ModelConfig
+
+    odd = {"name": "f", "parameters": {"type": "object", "properties": {
+        "n": {"type": "integer", "multipleOf": 3}}}}
+    gen = ChatCompletionRequest.model_validate({
+        "model": "m", "messages": ASK, "functions": [odd],
+        "function_call": {"name": "f"}}).to_generation(None, "t")
+    with pytest.raises(InvalidRequest) as err:
+        _local(ModelConfig(name="m", bundled="smollm2-135m-instruct"), gen)
+    assert err.value.param == "functions" and "'functions'" in err.value.message
+    tools = ChatCompletionRequest.model_validate({
+        "model": "m", "messages": ASK, "tools": [{"type": "function", "function": odd}],
+        "tool_choice": "required"}).to_generation(None, "t")
+    with pytest.raises(InvalidRequest) as err:
+        _local(ModelConfig(name="m", bundled="smollm2-135m-instruct"), tools)
+    assert err.value.param == "tools"

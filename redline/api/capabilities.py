@@ -14,7 +14,7 @@ have changed the model; two copies of that check had drifted apart in their answ
 
 from __future__ import annotations
 
-from redline.backends.local_features import guided
+from redline.backends.local_features import guided, named_as_sent
 from redline.config import ModelConfig, RedlineConfig
 from redline.engine.grammar import schema_grammar
 from redline.engine.tools import grammar as tool_grammar
@@ -53,4 +53,10 @@ def _local(model: ModelConfig, request: GenerationRequest) -> None:
     if fmt is not None and fmt.type == "json_schema":
         schema_grammar(dict(fmt.schema or {}), "response_format")
     guided(request)  # vLLM's structured outputs
-    tool_grammar(request.tools, request.tool_choice, request.parallel_tool_calls)
+    try:
+        tool_grammar(request.tools, request.tool_choice, request.parallel_tool_calls)
+    except InvalidRequest as exc:
+        renamed = named_as_sent(exc, request)
+        if renamed is exc:
+            raise
+        raise renamed from exc

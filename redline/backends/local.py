@@ -11,7 +11,7 @@ from pathlib import Path
 
 from redline.backends.base import BackendInfo
 from redline.backends.local_choices import merged
-from redline.backends.local_features import prepare, with_tool_calls
+from redline.backends.local_features import named_as_sent, prepare, with_tool_calls
 from redline.config import ModelConfig
 from redline.engine.arbiter import StepArbiter
 from redline.engine.engine import Engine
@@ -158,9 +158,15 @@ class LocalBackend:
                                  code="model_not_supported")
         t0 = time.perf_counter()
         # tools rendered, grammar set: a 400 for what the engine cannot enforce
-        prepared = prepare(request, self.model.n_vocab)
-        if prepared.sampling.grammar is not None:
-            self._check_grammar(prepared.sampling.grammar, prepared.grammar_param)
+        try:
+            prepared = prepare(request, self.model.n_vocab)
+            if prepared.sampling.grammar is not None:
+                self._check_grammar(prepared.sampling.grammar, prepared.grammar_param)
+        except InvalidRequest as exc:
+            renamed = named_as_sent(exc, request)
+            if renamed is exc:
+                raise
+            raise renamed from exc
         # one token list per prompt (a text completion may send several)
         lists = ([self._ids(ids) for ids in request.prompt_ids] if request.prompt_ids else
                  [self.prompt_tokens(request, prepared.messages, p)

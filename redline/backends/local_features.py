@@ -66,6 +66,16 @@ def prepare(request: GenerationRequest, n_vocab: int) -> Prepared:
     return Prepared(messages, sampling, bool(tools) and messages is not None, param)
 
 
+def named_as_sent(exc: InvalidRequest, request: GenerationRequest) -> InvalidRequest:
+    """A 400 on `tools` or `tool_choice` named as the client sent them: `functions` and
+    `function_call` for OpenAI's deprecated function calling (read as tools)."""
+    if not request.legacy_functions or exc.param not in ("tools", "tool_choice"):
+        return exc
+    name = "functions" if exc.param == "tools" else "function_call"
+    return InvalidRequest(exc.message.replace(f"'{exc.param}'", f"'{name}'").replace(
+        f"`{exc.param}`", f"`{name}`"), param=name)
+
+
 def guided(request: GenerationRequest) -> tuple[str, str] | None:
     """vLLM's structured outputs as a grammar, and the field it comes from (for a 400):
     `structured_outputs` with one of json (a JSON Schema, or its JSON text), choice (a
