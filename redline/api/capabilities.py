@@ -53,10 +53,5 @@ def _local(model: ModelConfig, request: GenerationRequest) -> None:
     if fmt is not None and fmt.type == "json_schema":
         schema_grammar(dict(fmt.schema or {}), "response_format")
     guided(request)  # vLLM's structured outputs
-    try:
+    with named_as_sent(request):
         tool_grammar(request.tools, request.tool_choice, request.parallel_tool_calls)
-    except InvalidRequest as exc:
-        renamed = named_as_sent(exc, request)
-        if renamed is exc:
-            raise
-        raise renamed from exc

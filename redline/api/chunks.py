@@ -138,6 +138,10 @@ class ChunkEncoder:
             self._offsets[index] = out["text_offset"][-1] + len(lps[-1].token)
         return out
 
+    def _reason(self, reason: str) -> str:
+        """A finish reason as the client's API names it (legacy: "function_call")."""
+        return "function_call" if self.legacy and reason == "tool_calls" else reason
+
     def role(self, index: int, progress: dict[str, Any] | None) -> str:
         """Chat's first event of a choice: the assistant role."""
         return self._event([{"index": index, "delta": {"role": "assistant", "content": ""},
@@ -183,8 +187,7 @@ class ChunkEncoder:
         else:
             choice["text"] = ""
         choice["logprobs"] = None
-        choice["finish_reason"] = "function_call" if self.legacy and reason == "tool_calls" \
-            else reason
+        choice["finish_reason"] = self._reason(reason)
         return self._event([choice], redline)
 
     def usage(self, usage: Usage | None) -> str:
@@ -215,9 +218,7 @@ class ChunkEncoder:
             else:
                 choice["text"] = text
             choice["logprobs"] = self._logprobs(c.logprobs, c.index, whole=True)
-            finish = c.finish_reason or default_finish
-            choice["finish_reason"] = "function_call" if self.legacy and finish == "tool_calls" \
-                else finish
+            choice["finish_reason"] = self._reason(c.finish_reason or default_finish)
             out.append(choice)
         return orjson.dumps({"id": self.id,
                              "object": "chat.completion" if self.kind == "chat" else "text_completion",

@@ -247,7 +247,7 @@ class ChatCompletionRequest(_SamplingFields):
         tools = _tools(self.tools)
         choice = _tool_choice(self.tool_choice, tools)
         parallel = self.parallel_tool_calls
-        legacy = self.functions is not None or self.function_call is not None
+        legacy = self.legacy_functions
         if legacy:
             tools, choice = self._legacy(tools)
             parallel = False  # a legacy answer holds one call
@@ -262,6 +262,10 @@ class ChatCompletionRequest(_SamplingFields):
             max_tokens_field="max_completion_tokens" if self.max_completion_tokens else "max_tokens",
             prediction=_prediction(self.prediction))
 
+    @property
+    def legacy_functions(self) -> bool:
+        """Whether the client used OpenAI's deprecated function calling."""
+        return self.functions is not None or self.function_call is not None
 
     def _legacy(self, tools: tuple[FunctionTool, ...]) -> tuple[tuple[FunctionTool, ...],
                                                                 ToolChoice | None]:
@@ -281,8 +285,10 @@ class ChatCompletionRequest(_SamplingFields):
                 ".function.", "."), param=(exc.param or "functions").replace(
                 "tools[", "functions[").replace(".function.", ".")) from exc
         raw = self.function_call
-        if raw is None or raw in ("none", "auto"):
-            return tools, None if raw is None else ToolChoice("none" if raw == "none" else "auto")
+        if raw is None:
+            return tools, None
+        if raw in ("none", "auto"):
+            return tools, tool_choice_mode(raw, tools)
         if isinstance(raw, dict) and isinstance(raw.get("name"), str) and set(raw) == {"name"}:
             return tools, named_tool(raw["name"], tools, "function_call")
         raise InvalidRequest('function_call must be "none", "auto" or {"name": ...}.',

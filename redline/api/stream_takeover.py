@@ -134,8 +134,7 @@ async def _continue(services: Services, stream_id: str, was: Handed,
     text, tokens, ended = got
     body = (ChatCompletionRequest if was.kind == "chat" else CompletionRequest).model_validate(
         was.body)
-    legacy = isinstance(body, ChatCompletionRequest) and (
-        body.functions is not None or body.function_call is not None)
+    legacy = isinstance(body, ChatCompletionRequest) and body.legacy_functions
     encoder = ChunkEncoder("chat" if was.kind == "chat" else "text", was.gen_id, was.model,
                            body.include_usage, legacy=legacy)
     if ended:  # its finish was journalled; the usage and [DONE] were not

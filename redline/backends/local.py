@@ -158,15 +158,10 @@ class LocalBackend:
                                  code="model_not_supported")
         t0 = time.perf_counter()
         # tools rendered, grammar set: a 400 for what the engine cannot enforce
-        try:
+        with named_as_sent(request):
             prepared = prepare(request, self.model.n_vocab)
             if prepared.sampling.grammar is not None:
                 self._check_grammar(prepared.sampling.grammar, prepared.grammar_param)
-        except InvalidRequest as exc:
-            renamed = named_as_sent(exc, request)
-            if renamed is exc:
-                raise
-            raise renamed from exc
         # one token list per prompt (a text completion may send several)
         lists = ([self._ids(ids) for ids in request.prompt_ids] if request.prompt_ids else
                  [self.prompt_tokens(request, prepared.messages, p)

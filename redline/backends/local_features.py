@@ -9,9 +9,10 @@ the vocabulary in `logit_bias` or `stop_token_ids`."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 
 from redline.engine import regex
@@ -66,14 +67,18 @@ def prepare(request: GenerationRequest, n_vocab: int) -> Prepared:
     return Prepared(messages, sampling, bool(tools) and messages is not None, param)
 
 
-def named_as_sent(exc: InvalidRequest, request: GenerationRequest) -> InvalidRequest:
-    """A 400 on `tools` or `tool_choice` named as the client sent them: `functions` and
-    `function_call` for OpenAI's deprecated function calling (read as tools)."""
-    if not request.legacy_functions or exc.param not in ("tools", "tool_choice"):
-        return exc
-    name = "functions" if exc.param == "tools" else "function_call"
-    return InvalidRequest(exc.message.replace(f"'{exc.param}'", f"'{name}'").replace(
-        f"`{exc.param}`", f"`{name}`"), param=name)
+@contextlib.contextmanager
+def named_as_sent(request: GenerationRequest) -> Iterator[None]:
+    """A 400 on `tools` or `tool_choice` inside, named as the client sent them: `functions`
+    and `function_call` for OpenAI's deprecated function calling (read as tools)."""
+    try:
+        yield
+    except InvalidRequest as exc:
+        if not request.legacy_functions or exc.param not in ("tools", "tool_choice"):
+            raise
+        name = "functions" if exc.param == "tools" else "function_call"
+        raise InvalidRequest(exc.message.replace(f"'{exc.param}'", f"'{name}'").replace(
+            f"`{exc.param}`", f"`{name}`"), param=name) from exc
 
 
 def guided(request: GenerationRequest) -> tuple[str, str] | None:
