@@ -98,23 +98,10 @@ class LlamaModel:
         return np.array([t for t in range(self.n_vocab) if self.is_eog(t)], dtype=np.int64)
 
     def tokenize(self, text: str, add_special: bool = True, parse_special: bool = True) -> list[int]:
-        data = text.encode("utf-8")
-        cap = len(data) + 8
-        buf = (ll.llama_token * cap)()
-        n = ll.llama_tokenize(self.vocab, data, len(data), buf, cap, add_special, parse_special)
-        if n < 0:  # buffer too small: -n is the size needed
-            cap = -n
-            buf = (ll.llama_token * cap)()
-            n = ll.llama_tokenize(self.vocab, data, len(data), buf, cap, add_special, parse_special)
-        return list(buf[:n])
+        return tokenize(self.vocab, text.encode("utf-8"), add_special, parse_special)
 
     def piece(self, token: int) -> bytes:
-        buf = ctypes.create_string_buffer(64)
-        n = ll.llama_token_to_piece(self.vocab, token, buf, 64, 0, False)
-        if n < 0:
-            buf = ctypes.create_string_buffer(-n)
-            n = ll.llama_token_to_piece(self.vocab, token, buf, -n, 0, False)
-        return buf.raw[:n]
+        return token_piece(self.vocab, token)
 
     def render_chat(self, messages: tuple[Message, ...]) -> str:
         """Apply the chat template and open the assistant turn."""
@@ -143,6 +130,30 @@ class LlamaModel:
         if self.model:
             ll.llama_model_free(self.model)
             self.model = None
+
+
+def tokenize(vocab: Any, data: bytes, add_special: bool, parse_special: bool) -> list[int]:
+    """`data`'s tokens in `vocab` (what a sampler, which has the vocabulary and no model,
+    calls too)."""
+    cap = len(data) + 8
+    buf = (ll.llama_token * cap)()
+    n = ll.llama_tokenize(vocab, data, len(data), buf, cap, add_special, parse_special)
+    if n < 0:  # buffer too small: -n is the size needed
+        cap = -n
+        buf = (ll.llama_token * cap)()
+        n = ll.llama_tokenize(vocab, data, len(data), buf, cap, add_special, parse_special)
+    return list(buf[:n])
+
+
+def token_piece(vocab: Any, token: int, special: bool = False) -> bytes:
+    """`token`'s text; `special`: control tokens written out, as llama.cpp's grammar reads
+    them (without, they are empty, as a detokenized answer has them)."""
+    buf = ctypes.create_string_buffer(64)
+    n = ll.llama_token_to_piece(vocab, token, buf, 64, 0, special)
+    if n < 0:
+        buf = ctypes.create_string_buffer(-n)
+        n = ll.llama_token_to_piece(vocab, token, buf, -n, 0, special)
+    return buf.raw[:n]
 
 
 def _bytes_ptr(buf: np.ndarray) -> Any:

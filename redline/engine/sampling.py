@@ -31,6 +31,7 @@ from typing import Any
 import llama_cpp as ll
 import numpy as np
 
+from redline.engine.llama import token_piece, tokenize
 from redline.types import SamplingParams, TokenLogprob, TopLogprob
 
 # llama_token_data: {id: int32, logit: float, p: float}
@@ -144,7 +145,7 @@ class Sampler:
         fit it (a false start), the answer stays unconstrained."""
         assert self._trigger is not None and self.params.grammar is not None
         before = len(self._said)
-        self._said += _piece(self._vocab, token)
+        self._said += token_piece(self._vocab, token, special=True)
         window = max(0, before - 256)  # a trigger ends in the new piece: search near it
         found = self._trigger.search(self._said, window)
         if found is None:
@@ -153,18 +154,13 @@ class Sampler:
             return
         self._trigger = None  # one try: the answer from here on is the call, or is text
         self._grammar = grammar_sampler(self._vocab, self.params.grammar)
-        text = self._said[found.start(1):]
-        n = len(text) + 8
-        ids = (ll.llama_token * n)()
-        count = ll.llama_tokenize(self._vocab, text, len(text), ids, n, False, True)
-        for t in ids[:max(count, 0)]:  # any tokens spelling the text: the grammar reads text
-            if not self._allows(t):
-                count = -1
-                break
+        # any tokens spelling the text from the trigger on: the grammar reads text
+        for t in tokenize(self._vocab, self._said[found.start(1):], False, True):
+            if not self._allows(t):  # a false start
+                ll.llama_sampler_free(self._grammar)
+                self._grammar = None
+                return
             ll.llama_sampler_accept(self._grammar, t)
-        if count < 0:
-            ll.llama_sampler_free(self._grammar)
-            self._grammar = None
 
     def _apply(self, logits: np.ndarray, *samplers: Any) -> int:
         """Run `samplers` over the whole vocabulary; the token they select."""
@@ -193,16 +189,6 @@ class Sampler:
         if self._grammar is not None:
             ll.llama_sampler_free(self._grammar)
             self._grammar = None
-
-
-def _piece(vocab: Any, token: int) -> bytes:
-    """`token`'s text, special tokens written out (as llama.cpp's grammar reads them)."""
-    buf = ctypes.create_string_buffer(64)
-    n = ll.llama_token_to_piece(vocab, token, buf, 64, 0, True)
-    if n < 0:
-        buf = ctypes.create_string_buffer(-n)
-        n = ll.llama_token_to_piece(vocab, token, buf, -n, 0, True)
-    return buf.raw[:n]
 
 
 def _penalties(window: int, repeat: float, frequency: float, presence: float) -> Any:
