@@ -126,8 +126,12 @@ def lazy_grammar(tools: tuple[FunctionTool, ...], choice: ToolChoice | None,
         gbnf = _calls(listed, parallel, lazy=True)
     except InvalidRequest:
         return None
-    names = "|".join(re.escape(json.dumps(t.name)) for t in listed)
-    return gbnf, f'({re.escape(OPEN)}|\\{{\\s*"name"\\s*:\\s*(?:{names}))'
+    return gbnf, f'({re.escape(OPEN)}|\\{{\\s*"name"\\s*:\\s*(?:{_names(listed)}))'
+
+
+def _names(tools: tuple[FunctionTool, ...]) -> str:
+    """A regular expression for any of the tools' names as a JSON string."""
+    return "|".join(re.escape(json.dumps(t.name)) for t in tools)
 
 
 def _calls(listed: tuple[FunctionTool, ...], parallel: bool | None, lazy: bool = False) -> str:
@@ -183,9 +187,8 @@ class ToolCallParser:
 
     def __post_init__(self) -> None:
         self._names = frozenset(t.name for t in self.tools)
-        names = "|".join(re.escape(json.dumps(t.name)) for t in self.tools) or "(?!)"
         self._head = re.compile(r'(<tool_call>\s*|```(?:json|xml)?\n\s*)?\{\s*"name"\s*:\s*('
-                                + names + ")")
+                                + (_names(self.tools) or "(?!)") + ")")
 
     def feed(self, text: str, live: bool = False) -> tuple[str, tuple[ToolCallDelta, ...]]:
         """Content to emit now and the tool-call deltas completed by `text`; `live`: the
@@ -265,23 +268,10 @@ class ToolCallParser:
                 return k, True
             k, live.args_begun = brace, True
         start = k
-        while not live.args_done and k < len(s):  # the arguments object, string-aware
-            ch = s[k]
-            k += 1
-            if live.in_string:
-                if live.escaped:
-                    live.escaped = False
-                elif ch == "\\":
-                    live.escaped = True
-                elif ch == '"':
-                    live.in_string = False
-            elif ch == '"':
-                live.in_string = True
-            elif ch in "{[":
-                live.depth += 1
-            elif ch in "}]":
-                live.depth -= 1
-                live.args_done = live.depth == 0
+        if not live.args_done:  # the arguments object
+            closed = live.args.close(s, k)
+            live.args_done = closed >= 0
+            k = closed if live.args_done else len(s)
         if k > start:
             deltas.append(ToolCallDelta(live.index, arguments=s[start:k]))
         if not live.args_done:
@@ -368,9 +358,7 @@ class _Live:
     index: int
     kind: str
     args_begun: bool = False
-    depth: int = 0
-    in_string: bool = False
-    escaped: bool = False
+    args: _Brackets = field(default_factory=lambda: _Brackets())
     args_done: bool = False
 
 
@@ -457,23 +445,38 @@ def _bare_head(s: str, i: int) -> tuple[bool, int] | Literal[False] | None:
 
 def _object_end(s: str, brace: int) -> int | None:
     """The index after the JSON object that opens at `s[brace]`, or None if it is not
-    closed yet (strings and escapes are skipped; validity is json.loads's to say)."""
-    depth, in_string, escaped = 0, False, False
-    for k in range(brace, len(s)):
-        ch = s[k]
-        if in_string:
-            if escaped:
-                escaped = False
-            elif ch == "\\":
-                escaped = True
+    closed yet."""
+    end = _Brackets().close(s, brace)
+    return None if end < 0 else end
+
+
+@dataclass
+class _Brackets:
+    """Where a JSON value's brackets stand, read in pieces (strings and escapes skipped;
+    validity is json.loads's to say)."""
+
+    depth: int = 0
+    in_string: bool = False
+    escaped: bool = False
+
+    def close(self, s: str, k: int) -> int:
+        """Read `s` from `k`: the index after the bracket that closes the value, or -1 when
+        `s` ends first (the state is kept for the next piece)."""
+        for j in range(k, len(s)):
+            ch = s[j]
+            if self.in_string:
+                if self.escaped:
+                    self.escaped = False
+                elif ch == "\\":
+                    self.escaped = True
+                elif ch == '"':
+                    self.in_string = False
             elif ch == '"':
-                in_string = False
-        elif ch == '"':
-            in_string = True
-        elif ch in "{[":
-            depth += 1
-        elif ch in "}]":
-            depth -= 1
-            if depth == 0:
-                return k + 1
-    return None
+                self.in_string = True
+            elif ch in "{[":
+                self.depth += 1
+            elif ch in "}]":
+                self.depth -= 1
+                if self.depth == 0:
+                    return j + 1
+        return -1
