@@ -79,3 +79,21 @@ def test_the_bundled_minilm(gateway: Any) -> None:
     r = httpx.post(f"{url}/v1/embeddings", timeout=60,
                    json={"model": "all-minilm-l6-v2", "input": "x", "dimensions": 12})
     assert r.status_code == 400 and r.json()["error"]["param"] == "dimensions"
+
+
+@pytest.mark.slow
+def test_the_bundled_mpnet(gateway: Any) -> None:
+    client, url, _ = gateway
+    texts = ["The cat sits on the mat.", "A cat is sitting on a mat.", "Stock markets fell."]
+    got = client.embeddings.create(model="all-mpnet-base-v2", input=texts, encoding_format="float")
+    assert got.model == "all-mpnet-base-v2"
+    vecs = np.array([d.embedding for d in got.data], dtype=np.float32)
+    assert vecs.shape == (3, 768) and np.allclose(np.linalg.norm(vecs, axis=1), 1.0, atol=1e-4)
+    sims = vecs @ vecs.T
+    assert sims[0, 1] > 0.8 > sims[0, 2]
+    r = httpx.post(f"{url}/v1/embeddings", timeout=60,  # its context is 384 word pieces
+                   json={"model": "all-mpnet-base-v2", "input": "word " * 300})
+    assert r.status_code == 200, r.text
+    r = httpx.post(f"{url}/v1/embeddings", timeout=60,
+                   json={"model": "all-mpnet-base-v2", "input": "word " * 400})
+    assert r.status_code == 400 and "384 tokens" in r.json()["error"]["message"]

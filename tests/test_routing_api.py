@@ -16,6 +16,8 @@ from redline.backends.fake import FakeBackend
 from redline.backends.fake_upstream import Dist, UpstreamSpec, create_upstream
 from redline.config import RedlineConfig
 
+ENCODER = ["embeddings", "rerank", "score"]  # what a bundled embedder serves
+
 
 def client(app: Any) -> TestClient:
     return TestClient(app)
@@ -55,9 +57,10 @@ def test_headers_tell_the_tier_and_model() -> None:
         assert r.headers["x-redline-tier"] == "A" and r.headers["x-redline-model"] == "small"
         listed = {m["id"]: m["capabilities"] for m in c.get("/v1/models").json()["data"]}
         assert "auto" in listed
-        # each entry says what it serves; the embedder serves embeddings only
+        # each entry says what it serves; an embedder serves no chat
         assert "chat" in listed["small"] and "chat" in listed["auto"]
-        assert listed.get("all-minilm-l6-v2", ["embeddings"]) == ["embeddings"]
+        for encoder in ("all-minilm-l6-v2", "all-mpnet-base-v2"):
+            assert listed.get(encoder, ENCODER) == ENCODER
 
 
 def test_overload_answers_503_with_retry_after() -> None:

@@ -235,14 +235,19 @@ def test_embeddings_are_held_to_the_key(tmp_path: Path) -> None:
         assert "all-minilm-l6-v2" in listed(USER)
         narrow = make_key(c, models=["fake"])
         assert "all-minilm-l6-v2" not in listed(narrow)
-        r = c.post("/v1/embeddings", json=embed, headers=bearer(narrow))
-        assert r.status_code == 404 and r.json()["error"]["code"] == "model_not_found", r.text
+        rerank = {"query": "reset my password", "documents": ["a password reset", "a cat"]}
+        for path, body in (("/v1/embeddings", embed), ("/rerank", rerank),
+                           ("/score", {"text_1": "a", "text_2": "b"})):
+            r = c.post(path, json=body | {"model": "all-minilm-l6-v2"}, headers=bearer(narrow))
+            assert r.status_code == 404 and r.json()["error"]["code"] == "model_not_found", r.text
         allowed = make_key(c, models=["all-minilm-l6-v2"])
         assert listed(allowed) == ["all-minilm-l6-v2"]
         r = c.post("/v1/embeddings", json=embed, headers=bearer(allowed))
         assert r.status_code == 200, r.text
         used = r.json()["usage"]["total_tokens"]
         assert used > 5
+        r = c.post("/rerank", json=rerank, headers=bearer(allowed))  # the model by default
+        assert r.status_code == 200 and r.json()["results"][0]["index"] == 0, r.text
 
         budget = make_key(c, budget_tokens=5, budget_period_s=86400)
         assert c.post("/v1/embeddings", json=embed, headers=bearer(budget)).status_code == 200

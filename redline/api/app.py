@@ -30,6 +30,7 @@ from redline.api import (
     messages_routes,
     openai_routes,
     ops_routes,
+    rerank_routes,
     responses_routes,
     stream_routes,
     tokenize_routes,
@@ -105,6 +106,7 @@ def create_app(config: RedlineConfig, backends: Mapping[str, Backend] | None = N
     app.include_router(ops_routes.router)
     app.include_router(openai_routes.router)
     app.include_router(embeddings_routes.router)
+    app.include_router(rerank_routes.router)
     app.include_router(tokenize_routes.router)
     app.include_router(messages_routes.router)
     app.include_router(responses_routes.router)

@@ -39,8 +39,9 @@ OPEN_PATHS = ("/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc")
 # open unless `auth.protect_ops`: probes and scrapers often cannot send a key; the
 # dashboard page holds no data (its figures come from /v1/admin/stats, admin only)
 OPS_PATHS = ("/healthz", "/readyz", "/metrics", "/dashboard", "/health", "/ping", "/version")
-# keyed as /v1/... is: vLLM's tokenizer routes (they name models a key may not use)
-KEYED_PATHS = ("/v1", "/tokenize", "/detokenize")
+# keyed as /v1/... is: vLLM's tokenizer, rerank and score routes (they name models a key
+# may not use)
+KEYED_PATHS = ("/v1", "/tokenize", "/detokenize", "/rerank", "/v2/rerank", "/score")
 
 
 class Auth:

@@ -1,18 +1,25 @@
-"""Embeddings, for POST /v1/embeddings (embeddings_routes.py) and a batch's lines
-(job_body.py): the bundled all-MiniLM-L6-v2 (the semantic cache's embedder, one
-copy per process) as model `all-minilm-l6-v2`, and any remote OpenAI-compatible model
-passed through to its upstream (body and answer as they are, the model name mapped).
+"""Embeddings, for POST /v1/embeddings (embeddings_routes.py), a batch's lines
+(job_body.py) and the rerank and score routes (rerank.py): two bundled sentence
+embedders, and any remote OpenAI-compatible model passed through to its upstream (body
+and answer as they are, the model name mapped).
 
-Bounds as OpenAI's: at most 2048 inputs, none empty, each within the model's context
-(MiniLM: 256 word pieces, a 400 past it rather than a silent truncation); token arrays
-only for remote models (MiniLM's ids are not OpenAI's); `encoding_format` float or
-base64 (little-endian float32, as OpenAI's and its client's)."""
+The bundled ones (`LOCAL_MODELS`, each listed where it is installed):
+- `all-minilm-l6-v2`: the semantic cache's embedder (384 dims, 256 word pieces);
+- `all-mpnet-base-v2`: the cache's borderline check's (768 dims, 384 word pieces; ~5x
+  MiniLM's time, better rankings).
+One copy of each per process, shared with the cache that loaded it.
+
+Bounds as OpenAI's: at most 2048 inputs, none empty, each within the model's context (a
+400 past it rather than a silent truncation); token arrays only for remote models (a
+bundled model's ids are not OpenAI's); `encoding_format` float or base64 (little-endian
+float32, as OpenAI's and its client's)."""
 
 from __future__ import annotations
 
 import asyncio
 import base64
 import time
+from collections.abc import Awaitable
 from types import MappingProxyType
 from typing import Any, Literal
 
@@ -22,13 +29,21 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from redline.api import upstream
 from redline.cache import ResponseCache
-from redline.cache.embedder import MiniLMEmbedder, bundled_minilm_path, load_minilm
+from redline.cache.bundled import MPNET, mpnet_available, mpnet_path
+from redline.cache.embedder import (
+    MiniLMEmbedder,
+    SentenceEmbedder,
+    bundled_minilm_path,
+    load_minilm,
+    load_sentence_model,
+)
 from redline.config import RedlineConfig
 from redline.errors import BackendError, InvalidRequest, ModelNotFound, RedlineError
 from redline.pipeline import Pipeline
 from redline.types import Finished, GenerationRequest, SamplingParams, Tier, Usage
 
-LOCAL_MODEL = "all-minilm-l6-v2"
+LOCAL_MODEL = "all-minilm-l6-v2"  # the semantic cache's
+LOCAL_MODELS = (LOCAL_MODEL, MPNET)
 MAX_INPUTS = 2048
 
 
@@ -52,7 +67,7 @@ def _texts(body: EmbeddingRequest) -> list[str]:
         raise InvalidRequest(f"'input' holds {len(raw)} items; at most {MAX_INPUTS}.",
                              param="input")
     if not all(isinstance(t, str) for t in raw):
-        raise InvalidRequest(f"The model `{LOCAL_MODEL}` takes text, not token arrays.",
+        raise InvalidRequest(f"The model `{body.model}` takes text, not token arrays.",
                              param="input")
     texts = [str(t) for t in raw]
     if any(not t for t in texts):
@@ -66,50 +81,71 @@ def _encode(vector: np.ndarray, fmt: str) -> Any:
     return [float(x) for x in vector]
 
 
-async def _embedder(config: RedlineConfig, cache: ResponseCache | None) -> MiniLMEmbedder:
-    """The semantic cache's copy when it has loaded one, else the same one loaded now
-    (load_minilm keeps one per directory and thread setting)."""
+async def local_embedder(config: RedlineConfig, cache: ResponseCache | None,
+                         name: str) -> SentenceEmbedder:
+    """The bundled model `name`: the semantic cache's copy when it has loaded one, else
+    the same one loaded now (one per directory and thread setting and process)."""
+    threads = cache.embedder_threads if cache is not None else 1
+    if name == MPNET:
+        path = config.cache.confirm_path or str(await asyncio.to_thread(mpnet_path))
+        return await asyncio.to_thread(load_sentence_model, path, threads)
     if cache is not None and isinstance(cache.embedder, MiniLMEmbedder):
         return cache.embedder
-    threads = cache.embedder_threads if cache is not None else 1
     return await asyncio.to_thread(load_minilm, config.cache.embedder_path, threads)
+
+
+def refuse_unknown(model: str, fields: dict[str, Any] | None) -> None:
+    """A 400 naming the first field a bundled model does not serve (kept in the body for
+    a remote upstream only)."""
+    unknown = next(iter(fields or {}), None)
+    if unknown is not None:
+        raise InvalidRequest(f"The model `{model}` does not serve '{unknown}'.", param=unknown)
+
+
+async def counted(embedder: SentenceEmbedder, texts: list[str], param: str,
+                  cut: int | None = None, single: bool = False) -> list[int]:
+    """Each text's word pieces, after a cut at `cut` where given; without one, a 400
+    (context_length_exceeded, `param`) for the first beyond the model's context, named
+    `param[i]` (`param` for a `single` text)."""
+    counts = await asyncio.to_thread(embedder.token_counts, texts)
+    if cut is not None:
+        return [min(n, cut) for n in counts]
+    limit = embedder.max_tokens
+    for i, n in enumerate(counts):
+        if n > limit:
+            name = param if single else f"{param}[{i}]"
+            raise InvalidRequest(f"This model's maximum context length is {limit} tokens, "
+                                 f"however {name} has {n} tokens.", param=param,
+                                 code="context_length_exceeded")
+    return counts
 
 
 async def _local(config: RedlineConfig, cache: ResponseCache | None,
                  body: EmbeddingRequest) -> tuple[int, bytes, int]:
     """The answer (status, body), and the tokens it embedded."""
-    unknown = next(iter(body.model_extra or {}), None)  # kept for a remote upstream only
-    if unknown is not None:
-        raise InvalidRequest(f"The model `{LOCAL_MODEL}` does not serve '{unknown}'.",
-                             param=unknown)
+    refuse_unknown(body.model, body.model_extra)
     texts = _texts(body)
-    embedder = await _embedder(config, cache)
+    embedder = await local_embedder(config, cache, body.model)
     if body.dimensions is not None and body.dimensions != embedder.dim:
-        raise InvalidRequest(f"The model `{LOCAL_MODEL}` has {embedder.dim} dimensions.",
+        raise InvalidRequest(f"The model `{body.model}` has {embedder.dim} dimensions.",
                              param="dimensions")
-    counts = await asyncio.to_thread(embedder.token_counts, texts)
-    limit = embedder.max_tokens
-    for i, n in enumerate(counts):
-        if n > limit:
-            raise InvalidRequest(f"This model's maximum context length is {limit} tokens, "
-                                 f"however input[{i}] has {n} tokens.", param="input",
-                                 code="context_length_exceeded")
+    counts = await counted(embedder, texts, "input")
     vectors = await asyncio.to_thread(embedder.encode, texts)
     total = sum(counts)
     payload = {"object": "list",
                "data": [{"object": "embedding", "index": i,
                          "embedding": _encode(v, body.encoding_format)}
                         for i, v in enumerate(vectors)],
-               "model": LOCAL_MODEL, "usage": {"prompt_tokens": total, "total_tokens": total}}
+               "model": body.model, "usage": {"prompt_tokens": total, "total_tokens": total}}
     return 200, orjson.dumps(payload), total
 
 
-async def _remote(config: RedlineConfig, body: EmbeddingRequest,
-                  name: str) -> tuple[int, bytes, int]:
-    """The upstream's answer (status, body), and the tokens its usage counts (0 for an
-    error)."""
+async def remote_answer(config: RedlineConfig, name: str, path: str,
+                        body: dict[str, Any]) -> tuple[int, bytes, int]:
+    """The answer of the remote model `name`'s engine at `path` to `body` (status, body,
+    its model named as here), and the tokens its usage counts (0 for an error)."""
     model = next(m for m in config.models if m.name == name)
-    r = await upstream.post(model, "/v1/embeddings", body.model_dump(exclude_none=True))
+    r = await upstream.post(model, path, body)
     if r.status_code >= 500 or r.status_code in (401, 403, 404):  # ours to fix, not the user's
         raise BackendError(f"{name}: upstream answered {r.status_code}")
     if r.status_code >= 400:
@@ -120,12 +156,25 @@ async def _remote(config: RedlineConfig, body: EmbeddingRequest,
     return 200, orjson.dumps(payload), _usage_tokens(payload)
 
 
+def local_models(config: RedlineConfig) -> list[str]:
+    """The bundled embedders that can load here (what /v1/models lists): a configured
+    directory, or the bundled package installed."""
+    names = [LOCAL_MODEL] if local_available(config.cache.embedder_path) else []
+    if config.cache.confirm_path or mpnet_available():
+        names.append(MPNET)
+    return names
+
+
+def remote_model(config: RedlineConfig, name: str) -> bool:
+    return any(m.name == name and m.backend == "openai" for m in config.models)
+
+
 def check_model(config: RedlineConfig, name: str) -> None:
-    """ModelNotFound unless `name` serves embeddings here (the local one, or a remote)."""
-    if name != LOCAL_MODEL and not any(m.name == name and m.backend == "openai"
-                                       for m in config.models):
+    """ModelNotFound unless `name` serves embeddings here (a bundled one, or a remote)."""
+    if name not in local_models(config) and not remote_model(config, name):
+        listed = ", ".join(local_models(config)) or "none installed"
         raise ModelNotFound(f"The model `{name}` does not exist or serves no embeddings "
-                            f"(embedding models: {LOCAL_MODEL} and the remote ones).",
+                            f"(bundled embedding models: {listed}; and the remote models).",
                             param="model")
 
 
@@ -134,29 +183,38 @@ async def embed(config: RedlineConfig, cache: ResponseCache | None,
     """The answer to an embeddings request (status, body) and the tokens it used: what
     the route answers, and a batch line too (api/job_body.py)."""
     check_model(config, body.model)
-    if body.model == LOCAL_MODEL:
+    if body.model in LOCAL_MODELS:
         return await _local(config, cache, body)
-    return await _remote(config, body, body.model)
+    return await remote_answer(config, body.model, "/v1/embeddings",
+                               body.model_dump(exclude_none=True))
 
 
 def as_request(body: EmbeddingRequest, tenant: str, tier: Tier) -> GenerationRequest:
     """What a tenant's rate limits, a key's budget and the pipeline's observers see of
     an embeddings request: a request of its model whose prompt is its input (their
     estimate of its tokens), with nothing to generate."""
-    text = " ".join(str(x) for x in ([body.input] if isinstance(body.input, str) else body.input))
-    return GenerationRequest(model=body.model, prompt=text, sampling=SamplingParams(max_tokens=1),
-                             tier=tier, tenant=tenant, use_cache=False, user=body.user)
+    raw = [body.input] if isinstance(body.input, str) else body.input
+    return encoder_request(body.model, [str(x) for x in raw], tenant, tier, body.user)
 
 
-async def embed_told(config: RedlineConfig, pipeline: Pipeline, body: EmbeddingRequest,
-                     line: GenerationRequest) -> tuple[int, bytes]:
-    """`embed`, its end told to the pipeline's observers as a completion's end is (the
-    gate settles `line`'s reservation and slot, its key's budget is charged, its usage
-    counted): a live request's and a batch line's answer (status, body)."""
+def encoder_request(model: str, texts: list[str], tenant: str, tier: Tier,
+                    user: str | None = None) -> GenerationRequest:
+    """A request of an encoder (embeddings, rerank, score) as the gate and the observers
+    see it: its texts as the prompt, nothing to generate."""
+    return GenerationRequest(model=model, prompt=" ".join(texts),
+                             sampling=SamplingParams(max_tokens=1), tier=tier, tenant=tenant,
+                             use_cache=False, user=user)
+
+
+async def told(pipeline: Pipeline, line: GenerationRequest,
+               answer: Awaitable[tuple[int, bytes, int]]) -> tuple[int, bytes]:
+    """An encoder's `answer` (status, body, tokens), its end told to the pipeline's
+    observers as a completion's end is (the gate settles `line`'s reservation and slot,
+    its key's budget is charged, its usage counted)."""
     t0 = time.perf_counter()
     status, tokens = "500", 0
     try:
-        code, content, tokens = await embed(config, pipeline.cache, body)
+        code, content, tokens = await answer
         status = str(code)
         return code, content
     except RedlineError as exc:
@@ -164,13 +222,19 @@ async def embed_told(config: RedlineConfig, pipeline: Pipeline, body: EmbeddingR
         raise
     finally:
         total = time.perf_counter() - t0
-        pipeline.tell(Finished(line, body.model, line.tier or "A", "bypass", status, "stop", 0, None,
+        pipeline.tell(Finished(line, line.model, line.tier or "A", "bypass", status, "stop", 0, None,
                                total, Usage(tokens, 0), "", MappingProxyType({"total": total})))
 
 
+async def embed_told(config: RedlineConfig, pipeline: Pipeline, body: EmbeddingRequest,
+                     line: GenerationRequest) -> tuple[int, bytes]:
+    """`embed`, told: a live request's and a batch line's answer (status, body)."""
+    return await told(pipeline, line, embed(config, pipeline.cache, body))
+
+
 def local_available(embedder_path: str | None) -> bool:
-    """Whether the local embedder can load: a configured directory, or the bundled package
-    installed (/v1/models lists it then)."""
+    """Whether MiniLM can load: a configured directory, or the bundled package
+    installed."""
     if embedder_path:
         return True
     try:

@@ -5,14 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
-from redline.api.embeddings import (
-    LOCAL_MODEL,
-    EmbeddingRequest,
-    as_request,
-    check_model,
-    embed_told,
-    local_available,
-)
+from redline.api.embeddings import EmbeddingRequest, as_request, check_model, embed_told
 from redline.api.services import services_of
 from redline.api.tenant import tenant_from
 
@@ -31,5 +24,3 @@ async def embeddings(body: EmbeddingRequest, request: Request) -> Response:
     status, content = await embed_told(services.config, services.pipeline, body, line)
     return Response(content, status_code=status, media_type="application/json")
 
-
-__all__ = ["LOCAL_MODEL", "local_available", "router"]

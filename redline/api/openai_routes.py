@@ -12,8 +12,7 @@ from starlette.types import Scope
 from redline.api import capabilities, jobs_routes, sse, stream_takeover
 from redline.api.chat_store_routes import stored
 from redline.api.chunks import ChunkEncoder, Kind
-from redline.api.embeddings_routes import LOCAL_MODEL as LOCAL_EMBEDDINGS
-from redline.api.embeddings_routes import local_available
+from redline.api.embeddings import local_models
 from redline.api.schemas import ChatCompletionRequest, CompletionRequest
 from redline.api.services import Services, services_of
 from redline.api.tenant import tenant_from
@@ -57,11 +56,9 @@ def _headers(c: Completion, request_id: str) -> dict[str, str]:
 
 def model_ids(services: Services) -> list[str]:
     """What /v1/models lists (and a key's allowlist may name): the configured models, the
-    virtual `auto`, and the local embedder when it is installed (POST /v1/embeddings)."""
-    names = [*services.pipeline.model_names(), AUTO]
-    if local_available(services.config.cache.embedder_path):
-        names.append(LOCAL_EMBEDDINGS)
-    return names
+    virtual `auto`, and the bundled embedders that are installed (POST /v1/embeddings,
+    /rerank, /score)."""
+    return [*services.pipeline.model_names(), AUTO, *local_models(services.config)]
 
 
 def _model_objects(request: Request) -> list[dict[str, Any]]:
@@ -74,12 +71,13 @@ def _model_objects(request: Request) -> list[dict[str, Any]]:
         names = [n for n in names if n in key.models]
     caps = services.pipeline.router.capabilities
     served = [caps.of(n) for n in services.pipeline.model_names()]
+    encoders = local_models(services.config)
 
     def capabilities(name: str) -> list[str]:
         """An addition to OpenAI's model object: what the model serves (a playground
         lists only chat models; a base model has no `chat`)."""
-        if name == LOCAL_EMBEDDINGS:
-            return ["embeddings"]
+        if name in encoders:
+            return ["embeddings", "rerank", "score"]
         if name == AUTO:  # it chooses among the models, each request what it needs
             return sorted(frozenset().union(*served))
         return sorted(caps.of(name))

@@ -282,3 +282,16 @@ def embedding_answer(body: dict[str, Any]) -> dict[str, Any]:
         data.append({"object": "embedding", "index": i, "embedding": value})
     return {"object": "list", "data": data, "model": body.get("model"),
             "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}
+
+
+def rerank_answer(body: dict[str, Any]) -> dict[str, Any]:
+    """vLLM's /rerank: documents scored by the share of the query's words they hold, best
+    first, `top_n` of them (0 or absent: all), each with its document."""
+    query = set(str(body.get("query", "")).lower().split())
+    docs = [d if isinstance(d, str) else str(d.get("text", "")) for d in body.get("documents") or ()]
+    scores = [len(query & set(d.lower().split())) / max(len(query), 1) for d in docs]
+    order = sorted(range(len(docs)), key=lambda i: -scores[i])[:int(body.get("top_n") or len(docs))]
+    tokens = len(query) + sum(len(d.split()) for d in docs)
+    return {"id": "rerank-fake", "model": body.get("model"), "usage": {"total_tokens": tokens},
+            "results": [{"index": i, "document": {"text": docs[i]}, "relevance_score": scores[i]}
+                        for i in order]}

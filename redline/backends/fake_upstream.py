@@ -48,7 +48,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from redline.backends.fake_answers import Answer, embedding_answer, prompt_words
+from redline.backends.fake_answers import Answer, embedding_answer, prompt_words, rerank_answer
 from redline.backends.prefix_index import PrefixIndex, chain_hashes
 
 
@@ -208,6 +208,14 @@ def create_upstream(spec: UpstreamSpec, name: str = "fake-upstream") -> Starlett
         last_body[:] = [body]
         return JSONResponse(embedding_answer(body))
 
+    async def rerank(request: Request) -> Response:
+        body = await request.json()
+        last_body[:] = [body]
+        if not body.get("documents"):
+            return JSONResponse({"error": {"message": "documents is empty", "type": "BadRequestError",
+                                           "code": 400}}, status_code=400)
+        return JSONResponse(rerank_answer(body))
+
     async def tokenize(request: Request) -> Response:
         """vLLM's /tokenize, counting as usage counts here (a word a token)."""
         body = await request.json()
@@ -225,6 +233,7 @@ def create_upstream(spec: UpstreamSpec, name: str = "fake-upstream") -> Starlett
         Route("/v1/chat/completions", chat, methods=["POST"]),
         Route("/v1/completions", text, methods=["POST"]),
         Route("/v1/embeddings", embeddings, methods=["POST"]),
+        *(Route(p, rerank, methods=["POST"]) for p in ("/rerank", "/v1/rerank", "/v2/rerank")),
         Route("/readyz", lambda _: JSONResponse({"ok": True})),
         *([Route("/tokenize", tokenize, methods=["POST"])] if spec.tokenize else []),
     ])

@@ -11,6 +11,7 @@ name and a rename, so servers that start together never read half a model.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import shutil
@@ -32,9 +33,28 @@ def _parts() -> list[Path]:
     return package_files(MPNET_PARTS, lambda f: ".zip." in f.name, INSTALL)
 
 
+def mpnet_available(models_dir: Path | None = None) -> bool:
+    """Whether mpnet_path() can answer without a pip install: assembled already, or its
+    parts installed."""
+    return (_target(models_dir) / "modules.json").exists() or _parts_installed()
+
+
+@functools.cache
+def _parts_installed() -> bool:
+    try:
+        _parts()
+    except FileNotFoundError:
+        return False
+    return True
+
+
+def _target(models_dir: Path | None) -> Path:
+    return (models_dir or conversion_cache()) / MPNET
+
+
 def mpnet_path(models_dir: Path | None = None) -> Path:
     """The unpacked model directory; assembled on first use (~5 s, 420 MB written)."""
-    target = (models_dir or conversion_cache()) / MPNET
+    target = _target(models_dir)
     if (target / "modules.json").exists():
         return target
     parts = _parts()

@@ -76,12 +76,31 @@ class SentenceEmbedder:
         self.encode(["warm up"])  # first call allocates; keep that off the first request
         return self
 
-    def encode(self, texts: list[str]) -> np.ndarray:
+    def encode(self, texts: list[str], max_tokens: int | None = None) -> np.ndarray:
+        """`max_tokens`: each text cut to that many word pieces (special tokens counted)
+        before it is embedded; the model cuts at its own context (max_tokens) anyway."""
         if self._model is None:
             self.load()
+        if max_tokens is not None and max_tokens < self.max_tokens:
+            return self._encode_cut(texts, max_tokens)
         out = self._model.encode(texts, batch_size=32, normalize_embeddings=True,
                                  convert_to_numpy=True, show_progress_bar=False)
         return np.asarray(out, dtype=np.float32)
+
+    def _encode_cut(self, texts: list[str], max_tokens: int) -> np.ndarray:
+        """What encode answers, with the tokenizer's cut at `max_tokens` rather than the
+        model's: its modules (transformer, pooling, normalisation) run on the cut ids."""
+        import torch
+
+        rows = []
+        for start in range(0, len(texts), 32):
+            features = self._model.tokenizer(texts[start:start + 32], padding=True,
+                                             truncation=True, max_length=max_tokens,
+                                             return_tensors="pt")
+            with torch.inference_mode():
+                out = self._model(dict(features))["sentence_embedding"]
+            rows.append(torch.nn.functional.normalize(out, dim=1).numpy())
+        return np.concatenate(rows).astype(np.float32, copy=False)
 
 
     def token_counts(self, texts: list[str]) -> list[int]:
