@@ -13,7 +13,14 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 
@@ -304,9 +311,35 @@ class RouteRule(_Section):
 
 
 class RoutingConfig(_Section):
+    @field_validator("tiers", "shed_at", mode="before")
+    @classmethod
+    def _over_defaults(cls, value: Any, info: ValidationInfo) -> Any:
+        """Each tier given is merged over its default (a budget field by field), and a
+        tier not given keeps its default: a request the router puts in that tier has a
+        budget and a shedding point either way."""
+        if not isinstance(value, dict):
+            return value
+        # an environment variable's key comes lowercased (REDLINE_ROUTING__TIERS__A__TTFT_S)
+        value = {k.upper() if isinstance(k, str) and k.upper() in ("S", "A", "B") else k: v
+                 for k, v in value.items()}
+        defaults: dict[Any, Any] = (_default_tiers() if info.field_name == "tiers"
+                                    else _default_shed_at())
+        out: dict[Any, Any] = {}
+        for name, default in defaults.items():
+            given = value.get(name)
+            if isinstance(given, TierBudget):
+                given = given.model_dump(exclude_unset=True)
+            if isinstance(default, TierBudget) and isinstance(given, dict):
+                out[name] = default.model_dump() | given
+            else:
+                out[name] = default if given is None else given
+        return out | {k: v for k, v in value.items() if k not in out}
+
     mode: Literal["slo", "fcfs"] = Field(
         "slo", description="fcfs: no tiers, planner, shedding or hedging (the baseline)")
-    tiers: dict[Literal["S", "A", "B"], TierBudget] = Field(default_factory=_default_tiers)
+    tiers: dict[Literal["S", "A", "B"], TierBudget] = Field(
+        default_factory=_default_tiers, description="each tier's budget; what a config leaves "
+        "out (a tier, or a field of one) keeps its default")
     classifier: Literal["features", "embeddings", "off"] = Field(
         "features", description="how `auto` picks tier and model class (off: tier S, default model)")
     classifier_min_confidence: float = Field(

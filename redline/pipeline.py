@@ -52,6 +52,7 @@ class Completion:
     output_tokens: int = 0
     text: list[str] = field(default_factory=list)  # the answer, for observers that store it
     arm: str | None = None  # "experiment:arm" when an A/B experiment enrolled the request
+    shortened_to: int | None = None  # the planner's max_tokens when it shortened the answer
 
 
 @dataclass(frozen=True)
@@ -173,9 +174,12 @@ class Pipeline:
             self.metrics.inflight.dec()
             self.metrics.requests.labels("500").inc()
             raise
+        planned = prepared.plan.request.sampling.max_tokens
         completion = Completion(prepared.request, routed.model, routed.tier,
                                 lookup.result if lookup else "miss", chunks=_empty(),
-                                arm=prepared.arm)
+                                arm=prepared.arm,
+                                shortened_to=planned if planned < prepared.request.sampling.max_tokens
+                                else None)
         if lookup is not None:
             completion.timings.add("cache", lookup.seconds)
         completion.timings.add("route", routed.route_s)

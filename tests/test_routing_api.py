@@ -75,6 +75,30 @@ def test_overload_answers_503_with_retry_after() -> None:
             assert r.json()["error"]["code"] == "overloaded"
 
 
+def test_a_shortened_answer_says_so() -> None:
+    """A tier-S answer the planner cut to fit the tier's total budget carries
+    X-Redline-Degraded: shorten and the max_tokens it was served with; others do not."""
+    slow = FakeBackend("small", ttft_s=0.0, tpot_s=0.05, size_rank=1)
+    tiers = {"S": {"ttft_s": 1, "total_s": 0.5}}
+    with client(create_app(config(tiers=tiers, classifier="off"), {"small": slow})) as c:
+        wait_ready(c)
+        for _ in range(2):  # what the planner predicts from: seen TTFT and time a token
+            assert c.post("/v1/chat/completions",
+                          json=body("warm", model="small", max_tokens=6)).status_code == 200
+        asked = body("tell me everything", model="small", tier="S", max_tokens=200)
+        for stream in (False, True):
+            r = c.post("/v1/chat/completions", json={**asked, "stream": stream})
+            assert r.status_code == 200, r.text
+            assert r.headers["x-redline-degraded"] == "shorten"
+            cap = int(r.headers["x-redline-max-tokens"])
+            assert 1 < cap < 20, cap
+        r = c.post("/v1/chat/completions", json=asked)
+        assert r.json()["usage"]["completion_tokens"] == int(r.headers["x-redline-max-tokens"])
+        assert r.json()["choices"][0]["finish_reason"] == "length"
+        r = c.post("/v1/chat/completions", json={**asked, "tier": "A", "max_tokens": 4})
+        assert "x-redline-degraded" not in r.headers and "x-redline-max-tokens" not in r.headers
+
+
 def test_openai_backend_through_the_api(live_app: Any) -> None:
     up = live_app(create_upstream(UpstreamSpec(ttft=Dist(0.01), tpot=Dist(0.001))))
     cfg = RedlineConfig(models=[{"name": "remote", "backend": "openai", "url": up.url,

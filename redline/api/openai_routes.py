@@ -51,6 +51,9 @@ def _headers(c: Completion, request_id: str) -> dict[str, str]:
     }
     if c.arm is not None:
         headers["X-Redline-Arm"] = c.arm  # "experiment:arm" (A/B experiments)
+    if c.shortened_to is not None:  # the planner cut max_tokens to meet the tier's budget
+        headers["X-Redline-Degraded"] = "shorten"
+        headers["X-Redline-Max-Tokens"] = str(c.shortened_to)
     return headers
 
 
