@@ -54,6 +54,18 @@ class Completion:
     arm: str | None = None  # "experiment:arm" when an A/B experiment enrolled the request
     shortened_to: int | None = None  # the planner's max_tokens when it shortened the answer
 
+    def headers(self) -> dict[str, str]:
+        """What every answer's headers say of how it was served (API.md): its model, tier
+        and cache result, its A/B arm, and a shortened answer's cap."""
+        out = {"X-Redline-Model": self.model, "X-Redline-Tier": self.tier,
+               "X-Redline-Cache": self.cache}
+        if self.arm is not None:
+            out["X-Redline-Arm"] = self.arm  # "experiment:arm" (A/B experiments)
+        if self.shortened_to is not None:  # the planner cut max_tokens to meet the tier's budget
+            out["X-Redline-Degraded"] = "shorten"
+            out["X-Redline-Max-Tokens"] = str(self.shortened_to)
+        return out
+
 
 @dataclass(frozen=True)
 class Prepared:

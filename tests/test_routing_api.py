@@ -97,6 +97,14 @@ def test_a_shortened_answer_says_so() -> None:
         assert r.json()["choices"][0]["finish_reason"] == "length"
         r = c.post("/v1/chat/completions", json={**asked, "tier": "A", "max_tokens": 4})
         assert "x-redline-degraded" not in r.headers and "x-redline-max-tokens" not in r.headers
+        # the Responses and Messages APIs say it too
+        for path, other in (("/v1/responses", {"model": "small", "input": "tell me everything",
+                                               "tier": "S", "max_output_tokens": 200}),
+                            ("/v1/messages", {"model": "small", "max_tokens": 200, "tier": "S",
+                                              "messages": [{"role": "user", "content": "tell"}]})):
+            r = c.post(path, json=other)
+            assert r.status_code == 200, r.text
+            assert r.headers["x-redline-degraded"] == "shorten", path
 
 
 def test_openai_backend_through_the_api(live_app: Any) -> None:

@@ -86,8 +86,7 @@ async def messages(request: Request) -> Response:
     except RedlineError as exc:  # a 429 or 503 says when to try again, as on the OpenAI routes
         return _error(exc.status, exc.message, exc.retry_after)
     msg_id = gen.id.replace("req-", "msg_")
-    extra = {"X-Redline-Model": completion.model, "X-Redline-Tier": completion.tier,
-             "X-Redline-Cache": completion.cache, "request-id": msg_id}
+    extra = {**completion.headers(), "request-id": msg_id}
     if body.stream:
         start = _input_tokens(services, completion, gen)
         return StreamingResponse(_events(msg_id, completion.model, completion, start),

@@ -42,19 +42,8 @@ def _request_headers(scope: Scope) -> dict[bytes, str]:
 
 
 def _headers(c: Completion, request_id: str) -> dict[str, str]:
-    headers = {
-        "X-Request-Id": request_id,
-        "X-Redline-Model": c.model,
-        "X-Redline-Tier": c.tier,
-        "X-Redline-Cache": c.cache,
-        "Server-Timing": c.timings.server_timing(),
-    }
-    if c.arm is not None:
-        headers["X-Redline-Arm"] = c.arm  # "experiment:arm" (A/B experiments)
-    if c.shortened_to is not None:  # the planner cut max_tokens to meet the tier's budget
-        headers["X-Redline-Degraded"] = "shorten"
-        headers["X-Redline-Max-Tokens"] = str(c.shortened_to)
-    return headers
+    return {"X-Request-Id": request_id, **c.headers(),
+            "Server-Timing": c.timings.server_timing()}
 
 
 def model_ids(services: Services) -> list[str]:

@@ -85,8 +85,7 @@ async def create(request: Request) -> Response:
                                  bg.spec({}, body, items, context, tier, no_cache,
                                          key_label(request.scope)), records)
     response_id = gen.id.replace("req-", "resp_")
-    headers = {"X-Request-Id": response_id, "X-Redline-Model": completion.model,
-               "X-Redline-Tier": completion.tier, "X-Redline-Cache": completion.cache}
+    headers = {"X-Request-Id": response_id, **completion.headers()}
     run = Run(body, response_id, completion, records, items, context)
     if body.stream:
         streams = services.streams
