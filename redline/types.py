@@ -39,19 +39,21 @@ class _NoExtra(dict[str, Any]):
 
 NO_EXTRA: Extra = _NoExtra()
 # OpenAI's string hints: in `extra` (a remote engine gets them as sent), and honoured by
-# every model (as the session and the end user), so they need no engine that passes fields on
-HINTS = ("prompt_cache_key", "safety_identifier")
+# every model (as the session and the end user, and prompt_cache_retention's permission to
+# keep cached prefixes longer: an embedded engine keeps them as long as its memory holds
+# them, in memory, whichever value is sent), so they need no engine that passes fields on
+HINTS = ("prompt_cache_key", "safety_identifier", "prompt_cache_retention")
 # an assistant message's own reasoning, as reasoning engines answer it (vLLM, DeepSeek)
 PAST_REASONING = frozenset(("reasoning_content", "reasoning"))
 # request fields at the value that asks for what every engine here does anyway (OpenAI's
 # and vLLM's defaults): nothing stored, no service tier, text out, special tokens not shown,
-# the assistant's turn opened, the prompt not echoed. A remote engine gets them as sent;
-# any other value is a field redline does not model
+# the assistant's turn opened, the prompt not echoed, the default verbosity. A remote engine
+# gets them as sent; any other value is a field redline does not model
 DEFAULTS: dict[str, tuple[Any, ...]] = {
     "store": (False,), "service_tier": ("auto", "default"), "modalities": (["text"],),
     "skip_special_tokens": (True,), "spaces_between_special_tokens": (True,),
     "add_generation_prompt": (True,), "continue_final_message": (False,), "echo": (False,),
-    "chat_template_kwargs": ({},),
+    "chat_template_kwargs": ({},), "verbosity": ("medium",),
 }
 
 

@@ -156,6 +156,7 @@ def test_fields_pass_through_and_extensions_do_not(servers: Any) -> None:
         model="remote", messages=messages, tools=[WEATHER], tool_choice="auto",
         parallel_tool_calls=False, seed=7, presence_penalty=0.5, frequency_penalty=-0.5,
         logit_bias={"50256": -100}, max_completion_tokens=3,
+        verbosity="high", prompt_cache_retention="24h",
         extra_body={"reasoning_effort": "low", "tier": "A",
                     "cache": False, "allow_background": False, "store": False,
                     "service_tier": "auto",
@@ -176,6 +177,7 @@ def test_fields_pass_through_and_extensions_do_not(servers: Any) -> None:
     assert (sent["presence_penalty"], sent["frequency_penalty"]) == (0.5, -0.5)
     assert sent["logit_bias"] == {"50256": -100} and sent["max_completion_tokens"] == 3
     assert sent["reasoning_effort"] == "low"
+    assert sent["verbosity"] == "high" and sent["prompt_cache_retention"] == "24h"
     assert sent["model"] == "served"
     for ours in ("tier", "cache", "allow_background", "background", "notify"):
         assert ours not in sent

@@ -82,6 +82,8 @@ def test_what_the_engine_does_not_serve_is_a_400(smol_server: Any, extra: dict[s
     ({"stop_token_ids": [10 ** 7]}, "stop_token_ids"), ({"min_tokens": 9}, "min_tokens"),
     # an empty object is no default everywhere: this one turns search on
     ({"web_search_options": {}}, "web_search_options"),
+    ({"verbosity": "high"}, "verbosity"),  # GPT-5's: only its default says nothing here
+    ({"prompt_cache_retention": "forever"}, "prompt_cache_retention"),
 ])
 def test_other_values_of_fields_taken_at_their_defaults_are_a_400(
         smol_server: Any, extra: dict[str, Any], param: str) -> None:
@@ -100,9 +102,20 @@ def test_fields_at_the_value_every_engine_serves_are_taken(smol_server: Any) -> 
                                       extra_body={"cache": False})
     r = c.chat.completions.create(model=SMOL, messages=ASK, max_tokens=6, temperature=0,
                                   store=False, service_tier="auto", modalities=["text"],
+                                  verbosity="medium", prompt_cache_retention="24h",
                                   extra_body={"cache": False, "skip_special_tokens": True,
                                               "echo": False, "chat_template_kwargs": {}})
     assert r.choices[0].message.content == plain.choices[0].message.content
+    # the Responses API's own spellings of the same: text.verbosity, prompt_cache_retention
+    for retention in ("in_memory", "24h"):
+        got = c.responses.create(model=SMOL, input=ASK[0]["content"], max_output_tokens=6,
+                                 temperature=0, text={"verbosity": "medium"},
+                                 prompt_cache_retention=retention, extra_body={"cache": False})
+        assert got.output_text == plain.choices[0].message.content
+    with pytest.raises(openai.BadRequestError) as err:
+        c.responses.create(model=SMOL, input="hi", max_output_tokens=2,
+                           text={"verbosity": "low"})
+    assert err.value.body["param"] == "text.verbosity"  # type: ignore[index]
 
 
 def test_a_stored_completion_of_the_embedded_engine(smol_server: Any) -> None:

@@ -4,6 +4,8 @@ remote model passed through to its upstream."""
 
 from __future__ import annotations
 
+import json
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -11,6 +13,7 @@ import cohere
 import gateway_support
 import httpx
 import numpy as np
+import openai
 import pytest
 
 from redline.backends.fake_upstream import UpstreamSpec
@@ -156,3 +159,57 @@ def test_long_texts_are_a_400_unless_cut(gateway: tuple[str, str]) -> None:
     assert np.isclose(scores[0], scores[1], atol=1e-6)
     r = post(url, "/score", {"model": model, "text_1": long, "text_2": "x"})
     assert r.status_code == 400 and "text_1 has" in r.json()["error"]["message"]
+
+
+def _batch(url: str, endpoint: str, bodies: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """custom_id -> the response of each line of a batch of `bodies` for `endpoint`, as
+    the official client submits and reads it."""
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0)
+    lines = [{"custom_id": cid, "method": "POST", "url": endpoint, "body": b}
+             for cid, b in bodies.items()]
+    f = client.files.create(file=("in.jsonl", "\n".join(json.dumps(x) for x in lines).encode()),
+                            purpose="batch")
+    batch = client.batches.create(input_file_id=f.id, endpoint=endpoint,  # type: ignore[arg-type]
+                                  completion_window="24h")
+    deadline = time.monotonic() + 120
+    while (batch := client.batches.retrieve(batch.id)).status not in ("completed", "failed"):
+        assert time.monotonic() < deadline, batch.status
+        time.sleep(0.05)
+    assert batch.status == "completed", batch
+    out = []  # the answered lines and the failed ones (the error file's)
+    for file_id in (batch.output_file_id, batch.error_file_id):
+        if file_id is not None:
+            out += client.files.content(file_id).text.splitlines()
+    client.close()
+    return {line["custom_id"]: line["response"] or line["error"] for line in map(json.loads, out)}
+
+
+def test_rerank_batch_lines_answer_what_the_route_answers(gateway: tuple[str, str]) -> None:
+    """/v1/rerank and /v1/score as Batch API endpoints, as vLLM's batch runner has them:
+    a remote model's line is the upstream's answer, named as redline names it."""
+    url, _ = gateway
+    bodies = {"a": {"model": "remote", "query": "capital beijing", "documents": DOCS},
+              "b": {"model": "remote", "query": "horses", "documents": DOCS, "top_n": 1}}
+    out = _batch(url, "/v1/rerank", bodies)
+    for cid, body in bodies.items():
+        want = post(url, "/v1/rerank", body).json()
+        assert out[cid]["status_code"] == 200
+        got = out[cid]["body"]
+        assert got["model"] == "remote" and got["results"] == want["results"]
+    # the upstream's 400 is the line's error, as the route passes it on
+    bad = _batch(url, "/v1/rerank", {"x": {"model": "remote", "query": "q", "documents": []}})
+    assert "documents is empty" in json.dumps(bad["x"])
+
+
+@pytest.mark.slow
+def test_score_batch_lines_on_the_bundled_embedder(gateway: tuple[str, str]) -> None:
+    url, _ = gateway
+    bodies = {"one": {"text_1": QUERY, "text_2": DOCS},
+              "pairs": {"model": "all-minilm-l6-v2", "text_1": [QUERY], "text_2": [DOCS[1]]}}
+    out = _batch(url, "/v1/score", bodies)
+    for cid, body in bodies.items():
+        want = post(url, "/v1/score", body).json()
+        got = out[cid]["body"]
+        assert out[cid]["status_code"] == 200 and got["model"] == "all-minilm-l6-v2"
+        assert [d["score"] for d in got["data"]] == pytest.approx(
+            [d["score"] for d in want["data"]], abs=1e-5)

@@ -170,7 +170,7 @@ def test_store_false_keeps_nothing(gateway: Gateway) -> None:
     ({"tools": [WEATHER], "tool_choice": {"type": "function", "name": "nope"}},
      "tool_choice.name"),
     ({"text": {"format": {"type": "yaml"}}}, "text.format.type"),
-    ({"text": {"verbosity": "low"}}, "text.verbosity"),
+    ({"text": {"verbosity": "loud"}}, "text.verbosity"),
     ({"max_output_tokens": 0}, "max_output_tokens"),
     ({"background": True, "store": False}, "background"),
     ({"notify": {"webhook": "https://example.com/hook"}}, "notify"),
@@ -294,6 +294,27 @@ def test_reasoning_effort_reaches_a_remote_engine(gateway: Gateway) -> None:
         raw = httpx.post(f"{url}/v1/responses", headers={"Authorization": "Bearer key-a"},
                          json={"model": "remote", "input": "x", "reasoning": body})
         assert raw.status_code == 400 and raw.json()["error"]["param"] == param, raw.text
+
+
+def test_verbosity_and_cache_retention_reach_a_remote_engine(gateway: Gateway) -> None:
+    """GPT-5's `text.verbosity` goes to a remote engine as chat's `verbosity`, and
+    `prompt_cache_retention` as it is; on the embedded engine only the default verbosity
+    is taken, and either retention (a hint: prefixes stay as long as memory holds them)."""
+    client, _, _, up = gateway
+    client.responses.create(model="remote", input="hi", max_output_tokens=2,
+                            text={"verbosity": "low"}, prompt_cache_retention="24h")
+    sent = _sent(up)
+    assert sent["verbosity"] == "low" and sent["prompt_cache_retention"] == "24h"
+    client.responses.create(model="remote", input="hi", max_output_tokens=2)
+    assert "verbosity" not in _sent(up) and "prompt_cache_retention" not in _sent(up)
+    r = client.responses.create(model="local", input="hi", max_output_tokens=2,
+                                text={"verbosity": "medium"}, prompt_cache_retention="24h")
+    assert r.error is None and r.output_text
+    assert r.text is not None and r.text.verbosity == "medium"  # echoed as asked
+    assert r.prompt_cache_retention == "24h"
+    with pytest.raises(openai.BadRequestError) as local:
+        client.responses.create(model="local", input="hi", text={"verbosity": "high"})
+    assert local.value.body["param"] == "text.verbosity"  # type: ignore[index]
 
 
 def test_a_stateless_client_sends_a_reasoning_models_output_back(gateway: Gateway) -> None:

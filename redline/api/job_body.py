@@ -13,8 +13,17 @@ from redline.api import capabilities
 from redline.api import responses_request as rq
 from redline.api import responses_truncation as truncation
 from redline.api.chunks import ChunkEncoder
-from redline.api.embeddings import EmbeddingRequest, as_request, check_model, embed_told
+from redline.api.embeddings import (
+    LOCAL_MODEL,
+    EmbeddingRequest,
+    as_request,
+    check_model,
+    embed_told,
+    encoder_request,
+    told,
+)
 from redline.api.errors import validated
+from redline.api.rerank import RerankRequest, ScoreRequest, model_of, rerank, score
 from redline.api.responses_run import Run, context_of, fields_named
 from redline.api.schemas import ChatCompletionRequest, CompletionRequest, not_storable
 from redline.api.unicode import check_text
@@ -45,6 +54,10 @@ def decode_body(url: str, body: dict[str, Any]) -> JobSpec:
     if endpoint == "embeddings":
         line = _embedding(body)
         return JobSpec(endpoint=endpoint, model=line.model, sampling={}, body=body)
+    if endpoint in ("rerank", "score"):
+        scored = _scored(endpoint, body)
+        return JobSpec(endpoint=endpoint, model=scored.model or LOCAL_MODEL, sampling={},
+                       body=body)
     if endpoint == "responses":
         asked = _response(body)
         # its input items, tools, tool_choice and text.format, checked as the batch is made
@@ -59,6 +72,13 @@ def decode_body(url: str, body: dict[str, Any]) -> JobSpec:
 def _embedding(body: dict[str, Any]) -> EmbeddingRequest:
     check_text(body)
     return validated(EmbeddingRequest, body)
+
+
+def _scored(endpoint: Endpoint, body: dict[str, Any]) -> RerankRequest | ScoreRequest:
+    check_text(body)
+    if endpoint == "rerank":
+        return validated(RerankRequest, body)
+    return validated(ScoreRequest, body)
 
 
 def _response(body: dict[str, Any]) -> rq.ResponsesRequest:
@@ -107,6 +127,8 @@ class JobShapes:
     async def whole(self, spec: JobSpec, gate: Gate | None) -> dict[str, Any]:
         if spec.endpoint == "responses":
             return await self._respond(spec, gate)
+        if spec.endpoint in ("rerank", "score"):
+            return await self._score(spec, gate)
         return await self._embed(spec, gate)
 
     async def _respond(self, spec: JobSpec, gate: Gate | None) -> dict[str, Any]:
@@ -136,11 +158,31 @@ class JobShapes:
         line = as_request(body, spec.tenant, "B")
         if gate is not None:
             await gate.enter(spec.tenant, line, spec.key)
-        code, content = await embed_told(self.config, self.pipeline, body, line)
-        answer: dict[str, Any] = orjson.loads(content)
-        if code >= 400:  # the upstream's 4xx, as the route passes it on
-            raise InvalidRequest(error_message(answer) or f"the upstream answered {code}")
-        return answer
+        return _answer(*await embed_told(self.config, self.pipeline, body, line))
+
+    async def _score(self, spec: JobSpec, gate: Gate | None) -> dict[str, Any]:
+        """What POST /v1/rerank or /v1/score answers (a remote model's engine is sent
+        the line at that path)."""
+        assert spec.body is not None
+        body = _scored(spec.endpoint, spec.body)
+        name = model_of(self.config, body.model)
+        line = encoder_request(name, body.all_texts(), spec.tenant, "B", body.user)
+        if gate is not None:
+            await gate.enter(spec.tenant, line, spec.key)
+        cache = self.pipeline.cache
+        answer = (rerank(self.config, cache, "/v1/rerank", body, name)
+                  if isinstance(body, RerankRequest)
+                  else score(self.config, cache, "/v1/score", body, name))
+        return _answer(*await told(self.pipeline, line, answer))
+
+
+def _answer(code: int, content: bytes) -> dict[str, Any]:
+    """An encoder's answer as a batch line's body; an upstream's 4xx, which the route
+    passes on, is the line's error."""
+    answer: dict[str, Any] = orjson.loads(content)
+    if code >= 400:
+        raise InvalidRequest(error_message(answer) or f"the upstream answered {code}")
+    return answer
 
 
 __all__ = ["JobShapes", "decode_body"]

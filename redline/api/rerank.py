@@ -63,6 +63,11 @@ class RerankRequest(BaseModel):
     max_tokens_per_doc: int | None = Field(None, ge=1)
     user: str | None = None
 
+    def all_texts(self) -> list[str]:
+        """The query and the documents as the gate counts them (before any check)."""
+        return [self.query, *(d if isinstance(d, str) else str(d.get("text", ""))
+                              for d in self.documents)]
+
     def texts(self) -> list[str]:
         """The documents' texts (a bundled model's reading: an object is its `text`)."""
         out = []
@@ -85,6 +90,11 @@ class ScoreRequest(BaseModel):
     text_2: str | list[str]
     truncate_prompt_tokens: int | None = Field(None, ge=-1)
     user: str | None = None
+
+    def all_texts(self) -> list[str]:
+        """Both sides' texts as the gate counts them."""
+        return [*([self.text_1] if isinstance(self.text_1, str) else self.text_1),
+                *([self.text_2] if isinstance(self.text_2, str) else self.text_2)]
 
     def pairs(self) -> tuple[list[str], list[str]]:
         """(firsts, seconds), as long as each other: one first text is every pair's."""

@@ -30,18 +30,14 @@ async def _answer(request: Request, model: str | None, texts: list[str], user: s
 
 async def _rerank(body: RerankRequest, request: Request) -> Response:
     services = services_of(request.app)
-    texts = [body.query, *(d if isinstance(d, str) else str(d.get("text", ""))
-                           for d in body.documents)]
-    return await _answer(request, body.model, texts, body.user,
+    return await _answer(request, body.model, body.all_texts(), body.user,
                          lambda name: rerank(services.config, services.pipeline.cache,
                                              request.url.path, body, name))
 
 
 async def _score(body: ScoreRequest, request: Request) -> Response:
     services = services_of(request.app)
-    texts = [*([body.text_1] if isinstance(body.text_1, str) else body.text_1),
-             *([body.text_2] if isinstance(body.text_2, str) else body.text_2)]
-    return await _answer(request, body.model, texts, body.user,
+    return await _answer(request, body.model, body.all_texts(), body.user,
                          lambda name: score(services.config, services.pipeline.cache,
                                             request.url.path, body, name))
 

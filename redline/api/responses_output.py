@@ -37,6 +37,9 @@ def response_json(body: ResponsesRequest, response_id: str, created_at: int, mod
                   incomplete: dict[str, Any] | None = None) -> dict[str, Any]:
     """The Response object; the request's settings echoed as OpenAI echoes them."""
     fmt = (body.text.format if body.text and body.text.format else None) or {"type": "text"}
+    echoed: dict[str, Any] = {"format": fmt}
+    if body.text is not None and body.text.verbosity is not None:
+        echoed["verbosity"] = body.text.verbosity
     text = "".join(p["text"] for item in output if item["type"] == "message"
                    for p in item["content"] if p["type"] == "output_text")
     answer = {
@@ -47,12 +50,14 @@ def response_json(body: ResponsesRequest, response_id: str, created_at: int, mod
         "parallel_tool_calls": body.parallel_tool_calls is not False,
         "previous_response_id": body.previous_response_id,
         "store": body.store, "temperature": 1.0 if body.temperature is None else body.temperature,
-        "text": {"format": fmt}, "tool_choice": body.tool_choice or "auto",
+        "text": echoed, "tool_choice": body.tool_choice or "auto",
         "tools": body.tools or [], "top_p": 1.0 if body.top_p is None else body.top_p,
         "truncation": body.truncation or "disabled", "top_logprobs": body.top_logprobs,
         "usage": None if status in ("queued", "in_progress") else usage_json(usage),
         "user": body.user, "metadata": body.metadata or {},
     }
+    if body.prompt_cache_retention is not None:
+        answer["prompt_cache_retention"] = body.prompt_cache_retention
     if body.reasoning is not None:  # as asked (the summary's old name under its new one)
         answer["reasoning"] = {"effort": body.reasoning.effort,
                                "summary": body.reasoning.summary or body.reasoning.generate_summary}

@@ -34,6 +34,7 @@ class TextConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     format: dict[str, Any] | None = None
+    verbosity: Literal["low", "medium", "high"] | None = None  # chat's `verbosity` (_extra)
 
 
 class ReasoningConfig(BaseModel):
@@ -71,6 +72,7 @@ class ResponsesRequest(BaseModel):
     reasoning: ReasoningConfig | None = None
     top_logprobs: int | None = Field(None, ge=0, le=20)
     prompt_cache_key: str | None = Field(None, min_length=1, max_length=256)  # a session
+    prompt_cache_retention: Literal["in_memory", "24h"] | None = None  # _extra
     safety_identifier: str | None = Field(None, min_length=1, max_length=256)  # the end user
     # about the client, for the provider's own records (Codex CLI sends its turn's ids on
     # every call): taken, and not used (nothing in it bears on the answer)
@@ -340,10 +342,15 @@ def generation(body: ResponsesRequest, items: list[dict[str, Any]], tier: str | 
 
 
 def _extra(body: ResponsesRequest) -> Extra:
-    """What a remote engine gets beyond the typed request: chat's `reasoning_effort`
-    (the embedded engine refuses it, as it refuses any field it does not serve)."""
-    effort = body.reasoning.effort if body.reasoning else None
-    return NO_EXTRA if effort is None else {"reasoning_effort": effort}
+    """What a remote engine gets beyond the typed request, as chat completions name it:
+    `reasoning_effort`, `verbosity`, `prompt_cache_retention` (the embedded engine takes
+    the last two at their defaults and refuses any other value, as it refuses any field
+    it does not serve)."""
+    extra = {"reasoning_effort": body.reasoning.effort if body.reasoning else None,
+             "verbosity": body.text.verbosity if body.text else None,
+             "prompt_cache_retention": body.prompt_cache_retention}
+    named = {k: v for k, v in extra.items() if v is not None}
+    return named or NO_EXTRA
 
 
 def _tools(raw: list[dict[str, Any]] | None) -> tuple[FunctionTool, ...]:

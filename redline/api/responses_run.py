@@ -21,7 +21,7 @@ from redline.types import FinishReason
 OPEN = ("queued", "in_progress")
 # chat's field names in capability errors, as the Responses API names them
 _PARAMS = {"messages": "input", "response_format": "text.format",
-           "reasoning_effort": "reasoning.effort"}
+           "reasoning_effort": "reasoning.effort", "verbosity": "text.verbosity"}
 FINAL = {"completed": "response.completed", "incomplete": "response.incomplete",
          "failed": "response.failed", "cancelled": "response.failed"}
 

@@ -196,7 +196,8 @@ class _SamplingFields(_Open):
         extra = self._extra()
         # OpenAI's hints, kept in `extra` (a remote upstream gets them as sent) and honoured
         # here: requests of one prompt_cache_key stay on one engine replica (as X-Session-ID,
-        # which wins), and safety_identifier names the end user where `user` does not
+        # which wins), safety_identifier names the end user where `user` does not, and
+        # prompt_cache_retention is checked (an embedded engine keeps prefixes in memory)
         hints = {k: hint(extra, k) for k in HINTS}
         gen = GenerationRequest(
             model=self.model, sampling=sampling, tier=parse_tier(tier), tenant=tenant,
@@ -216,6 +217,8 @@ def hint(fields: Mapping[str, Any], name: str) -> str | None:
     value = fields.get(name)
     if value is None:
         return None
+    if name == "prompt_cache_retention" and value not in ("in_memory", "24h"):
+        raise InvalidRequest("prompt_cache_retention must be 'in_memory' or '24h'.", param=name)
     if not isinstance(value, str) or not 1 <= len(value) <= 256:
         raise InvalidRequest(f"{name} must be a string of 1 to 256 characters.", param=name)
     return value

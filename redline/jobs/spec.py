@@ -13,11 +13,12 @@ from redline.errors import InvalidRequest
 from redline.routing.names import parse_tier
 from redline.types import GenerationRequest, Message, SamplingParams
 
-Endpoint = Literal["chat", "text", "embeddings", "responses"]
+Endpoint = Literal["chat", "text", "embeddings", "responses", "rerank", "score"]
 ENDPOINTS: dict[str, Endpoint] = {"/v1/chat/completions": "chat", "/v1/completions": "text",
                                   # batches only: answered whole by the api (Shapes.whole)
-                                  "/v1/embeddings": "embeddings", "/v1/responses": "responses"}
-WHOLE: tuple[Endpoint, ...] = ("embeddings", "responses")
+                                  "/v1/embeddings": "embeddings", "/v1/responses": "responses",
+                                  "/v1/rerank": "rerank", "/v1/score": "score"}  # vLLM's
+WHOLE: tuple[Endpoint, ...] = ("embeddings", "responses", "rerank", "score")
 
 
 @dataclass(frozen=True)
