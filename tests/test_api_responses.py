@@ -317,6 +317,32 @@ def test_verbosity_and_cache_retention_reach_a_remote_engine(gateway: Gateway) -
     assert local.value.body["param"] == "text.verbosity"  # type: ignore[index]
 
 
+def test_service_tier_and_stream_options(gateway: Gateway) -> None:
+    """`service_tier` as chat takes it (a remote engine gets it as sent; the embedded one
+    serves `auto` and `default`), echoed; `stream_options.include_obfuscation` taken at
+    false (redline pads no deltas), and true is a 400 rather than a stream without it."""
+    client, _, _, up = gateway
+    r = client.responses.create(model="remote", input="hi", max_output_tokens=2,
+                                service_tier="flex")
+    assert _sent(up)["service_tier"] == "flex" and r.service_tier == "flex"
+    client.responses.create(model="local", input="hi", max_output_tokens=2, service_tier="auto")
+    with pytest.raises(openai.BadRequestError) as local:
+        client.responses.create(model="local", input="hi", service_tier="priority")
+    assert local.value.body["param"] == "service_tier"  # type: ignore[index]
+    events = list(client.responses.create(model="local", input="hi", max_output_tokens=2,
+                                          stream=True,
+                                          stream_options={"include_obfuscation": False}))
+    assert events[-1].type == "response.incomplete"
+    with pytest.raises(openai.BadRequestError) as err:
+        client.responses.create(model="local", input="hi", stream=True,
+                                stream_options={"include_obfuscation": True})
+    assert err.value.body["param"] == "stream_options.include_obfuscation"  # type: ignore[index]
+    with pytest.raises(openai.BadRequestError) as err:
+        client.chat.completions.create(model="local", messages=[{"role": "user", "content": "x"}],
+                                       stream=True, stream_options={"include_obfuscation": True})
+    assert err.value.body["param"] == "stream_options.include_obfuscation"  # type: ignore[index]
+
+
 def test_a_stateless_client_sends_a_reasoning_models_output_back(gateway: Gateway) -> None:
     """store: false with include reasoning.encrypted_content, as stateless agent clients
     send it: the reasoning item of a remote reasoning model's answer comes back as input

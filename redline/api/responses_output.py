@@ -56,8 +56,9 @@ def response_json(body: ResponsesRequest, response_id: str, created_at: int, mod
         "usage": None if status in ("queued", "in_progress") else usage_json(usage),
         "user": body.user, "metadata": body.metadata or {},
     }
-    if body.prompt_cache_retention is not None:
-        answer["prompt_cache_retention"] = body.prompt_cache_retention
+    for asked in ("prompt_cache_retention", "service_tier"):  # echoed as asked
+        if getattr(body, asked) is not None:
+            answer[asked] = getattr(body, asked)
     if body.reasoning is not None:  # as asked (the summary's old name under its new one)
         answer["reasoning"] = {"effort": body.reasoning.effort,
                                "summary": body.reasoning.summary or body.reasoning.generate_summary}

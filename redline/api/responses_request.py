@@ -73,6 +73,8 @@ class ResponsesRequest(BaseModel):
     top_logprobs: int | None = Field(None, ge=0, le=20)
     prompt_cache_key: str | None = Field(None, min_length=1, max_length=256)  # a session
     prompt_cache_retention: Literal["in_memory", "24h"] | None = None  # _extra
+    service_tier: Literal["auto", "default", "flex", "scale", "priority"] | None = None  # _extra
+    stream_options: schemas.NoObfuscation | None = None
     safety_identifier: str | None = Field(None, min_length=1, max_length=256)  # the end user
     # about the client, for the provider's own records (Codex CLI sends its turn's ids on
     # every call): taken, and not used (nothing in it bears on the answer)
@@ -343,12 +345,13 @@ def generation(body: ResponsesRequest, items: list[dict[str, Any]], tier: str | 
 
 def _extra(body: ResponsesRequest) -> Extra:
     """What a remote engine gets beyond the typed request, as chat completions name it:
-    `reasoning_effort`, `verbosity`, `prompt_cache_retention` (the embedded engine takes
-    the last two at their defaults and refuses any other value, as it refuses any field
-    it does not serve)."""
+    `reasoning_effort`, `verbosity`, `prompt_cache_retention`, `service_tier` (the
+    embedded engine takes the retention, and the others at their defaults, and refuses
+    any other value, as it refuses any field it does not serve)."""
     extra = {"reasoning_effort": body.reasoning.effort if body.reasoning else None,
              "verbosity": body.text.verbosity if body.text else None,
-             "prompt_cache_retention": body.prompt_cache_retention}
+             "prompt_cache_retention": body.prompt_cache_retention,
+             "service_tier": body.service_tier}
     named = {k: v for k, v in extra.items() if v is not None}
     return named or NO_EXTRA
 

@@ -99,7 +99,26 @@ class ChatMessage(_Open):
                        calls, self.tool_call_id, self.name, self.content is None, self._extra())
 
 
-class StreamOptions(_Open):
+class NoObfuscation(BaseModel):
+    """A stream's options as the Responses API has them: OpenAI's `include_obfuscation`
+    (random padding on each delta against a length side channel) is taken at false, which
+    is what every engine here does; true is a 400 rather than a stream that silently lacks
+    it, and so is an option redline does not know."""
+    model_config = ConfigDict(extra="forbid")
+
+    include_obfuscation: bool | None = None
+
+    @field_validator("include_obfuscation")
+    @classmethod
+    def _no_obfuscation(cls, value: bool | None) -> bool | None:
+        if value:
+            raise ValueError("redline does not obfuscate streams: send false or leave it out")
+        return value
+
+
+class StreamOptions(NoObfuscation):
+    """Chat's and completions' (a remote engine is always asked for its usage, so nothing
+    else of this object could be passed on)."""
     include_usage: bool = False
 
 
