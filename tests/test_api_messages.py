@@ -176,6 +176,9 @@ def test_what_claude_code_sends_is_taken(gateway: Any) -> None:
     sent = httpx.get(f"{up}/last").json()
     assert sent["response_format"]["json_schema"]["schema"] == schema
     assert "reasoning_effort" not in sent
+    # one capacity and one speed here: the standard ones, whichever service tier is asked
+    for tier in ("auto", "standard_only"):
+        assert _post(url, service_tier=tier, speed="standard").status_code == 200
     counted = httpx.post(f"{url}/v1/messages/count_tokens", json={
         "model": "remote", "messages": ASK, "thinking": {"type": "adaptive"},
         "output_config": {"effort": "low"}})
@@ -188,6 +191,8 @@ def test_what_claude_code_sends_is_taken(gateway: Any) -> None:
     ({"context_management": {"edits": [{"type": "clear_tool_uses_20250919"}]}},
      "context_management"),
     ({"output_config": {"effort": "extreme"}}, "effort"),
+    ({"speed": "fast"}, "speed"),  # redline has no faster mode to give
+    ({"service_tier": "priority"}, "service_tier"),
     ({"output_config": {"format": {"type": "yaml"}}}, "output_config.format"),
     ({"model": "local", "output_config": {"effort": "low"}}, "reasoning_effort"),
     ({"messages": [{"role": "system", "content": [{"type": "image", "source": {}}]}]},

@@ -145,6 +145,10 @@ class MessagesRequest(BaseModel):
     context_management: ContextManagement | None = None
     output_config: OutputConfig | None = None
     cache_control: dict[str, Any] | None = None  # a prompt-caching hint: no effect here
+    # capacity: redline has one (no priority capacity to use or to refuse), so both values
+    # get what they ask for; and one speed, its normal one
+    service_tier: Literal["auto", "standard_only"] | None = None
+    speed: Literal["standard"] | None = None
     # redline's extensions, as on chat completions
     tier: Literal["S", "A", "B", "auto"] | None = None
     cache: bool | None = None
