@@ -325,7 +325,9 @@ def test_service_tier_and_stream_options(gateway: Gateway) -> None:
     r = client.responses.create(model="remote", input="hi", max_output_tokens=2,
                                 service_tier="flex")
     assert _sent(up)["service_tier"] == "flex" and r.service_tier == "flex"
-    client.responses.create(model="local", input="hi", max_output_tokens=2, service_tier="auto")
+    r = client.responses.create(model="local", input="hi", max_output_tokens=2,
+                                service_tier="auto", max_tool_calls=3)
+    assert r.service_tier == "auto" and r.max_tool_calls == 3  # no built-in tool runs here
     with pytest.raises(openai.BadRequestError) as local:
         client.responses.create(model="local", input="hi", service_tier="priority")
     assert local.value.body["param"] == "service_tier"  # type: ignore[index]

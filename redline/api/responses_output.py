@@ -56,7 +56,7 @@ def response_json(body: ResponsesRequest, response_id: str, created_at: int, mod
         "usage": None if status in ("queued", "in_progress") else usage_json(usage),
         "user": body.user, "metadata": body.metadata or {},
     }
-    for asked in ("prompt_cache_retention", "service_tier"):  # echoed as asked
+    for asked in ("prompt_cache_retention", "service_tier", "max_tool_calls"):  # as asked
         if getattr(body, asked) is not None:
             answer[asked] = getattr(body, asked)
     if body.reasoning is not None:  # as asked (the summary's old name under its new one)

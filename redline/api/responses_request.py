@@ -73,7 +73,11 @@ class ResponsesRequest(BaseModel):
     top_logprobs: int | None = Field(None, ge=0, le=20)
     prompt_cache_key: str | None = Field(None, min_length=1, max_length=256)  # a session
     prompt_cache_retention: Literal["in_memory", "24h"] | None = None  # _extra
-    service_tier: Literal["auto", "default", "flex", "scale", "priority"] | None = None  # _extra
+    # OpenAI's tiers (a remote engine gets any of them, the embedded one serves auto/default)
+    service_tier: Literal["auto", "default", "flex", "scale", "priority", "fast",
+                          "ultrafast"] | None = None  # _extra
+    # built-in tools' calls: redline runs no built-in tool, so any limit holds (echoed)
+    max_tool_calls: int | None = Field(None, ge=1)
     stream_options: schemas.NoObfuscation | None = None
     safety_identifier: str | None = Field(None, min_length=1, max_length=256)  # the end user
     # about the client, for the provider's own records (Codex CLI sends its turn's ids on
