@@ -36,6 +36,8 @@ def test_a_remote_model_is_passed_through(gateway: Any) -> None:
         assert got.usage == want.usage
     sent = httpx.get(f"{up}/last").json()
     assert sent["model"] == "served-embed" and sent["encoding_format"] == "float"
+    client.embeddings.create(model="remote", input="x", extra_body={"truncate_prompt_tokens": 9})
+    assert httpx.get(f"{up}/last").json()["truncate_prompt_tokens"] == 9  # the engine's to do
     direct.close()
 
 
@@ -79,6 +81,20 @@ def test_the_bundled_minilm(gateway: Any) -> None:
     r = httpx.post(f"{url}/v1/embeddings", timeout=60,
                    json={"model": "all-minilm-l6-v2", "input": "x", "dimensions": 12})
     assert r.status_code == 400 and r.json()["error"]["param"] == "dimensions"
+    # vLLM's truncate_prompt_tokens: a cut instead of the 400, exact (the first 7 word
+    # pieces embed as the text that is those pieces)
+    head = "the cat sits on the"  # five word pieces, plus [CLS] and [SEP]
+    cut = client.embeddings.create(model="all-minilm-l6-v2", encoding_format="float",
+                                   input=[head + " mat" * 400, head],
+                                   extra_body={"truncate_prompt_tokens": 7})
+    assert np.allclose(cut.data[0].embedding, cut.data[1].embedding, atol=1e-6)
+    assert cut.usage.prompt_tokens == 14
+    whole = client.embeddings.create(model="all-minilm-l6-v2", encoding_format="float",
+                                     input="word " * 400, extra_body={"truncate_prompt_tokens": -1})
+    assert whole.usage.prompt_tokens == 256
+    r = httpx.post(f"{url}/v1/embeddings", timeout=60, json={
+        "model": "all-minilm-l6-v2", "input": "x", "truncate_prompt_tokens": 300})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "truncate_prompt_tokens"
 
 
 @pytest.mark.slow

@@ -10,7 +10,8 @@ The bundled ones (`LOCAL_MODELS`, each listed where it is installed):
 One copy of each per process, shared with the cache that loaded it.
 
 Bounds as OpenAI's: at most 2048 inputs, none empty, each within the model's context (a
-400 past it rather than a silent truncation); token arrays only for remote models (a
+400 past it rather than a silent truncation, unless vLLM's `truncate_prompt_tokens` asks
+for a cut: -1 at the model's context, or at that many word pieces); token arrays only for remote models (a
 bundled model's ids are not OpenAI's); `encoding_format` float or base64 (little-endian
 float32, as OpenAI's and its client's)."""
 
@@ -55,6 +56,7 @@ class EmbeddingRequest(BaseModel):
     encoding_format: Literal["float", "base64"] = "float"
     dimensions: int | None = Field(None, ge=1)
     user: str | None = None
+    truncate_prompt_tokens: int | None = Field(None, ge=-1)  # vLLM's: cut, not a 400 (cut_of)
 
 
 def _texts(body: EmbeddingRequest) -> list[str]:
@@ -120,6 +122,19 @@ async def counted(embedder: SentenceEmbedder, texts: list[str], param: str,
     return counts
 
 
+def cut_of(embedder: SentenceEmbedder, asked: int | None) -> int | None:
+    """vLLM's truncate_prompt_tokens as a cut in word pieces (None: no cut)."""
+    if asked is None:
+        return None
+    limit = embedder.max_tokens
+    if asked == -1:
+        return limit
+    if asked == 0 or asked > limit:
+        raise InvalidRequest(f"truncate_prompt_tokens is {asked}; it must be -1 (the model's "
+                             f"context) or from 1 to {limit}.", param="truncate_prompt_tokens")
+    return asked
+
+
 async def _local(config: RedlineConfig, cache: ResponseCache | None,
                  body: EmbeddingRequest) -> tuple[int, bytes, int]:
     """The answer (status, body), and the tokens it embedded."""
@@ -129,8 +144,9 @@ async def _local(config: RedlineConfig, cache: ResponseCache | None,
     if body.dimensions is not None and body.dimensions != embedder.dim:
         raise InvalidRequest(f"The model `{body.model}` has {embedder.dim} dimensions.",
                              param="dimensions")
-    counts = await counted(embedder, texts, "input")
-    vectors = await asyncio.to_thread(embedder.encode, texts)
+    cut = cut_of(embedder, body.truncate_prompt_tokens)
+    counts = await counted(embedder, texts, "input", cut)
+    vectors = await asyncio.to_thread(embedder.encode, texts, cut)
     total = sum(counts)
     payload = {"object": "list",
                "data": [{"object": "embedding", "index": i,

@@ -39,6 +39,7 @@ from redline.api.embeddings import (
     LOCAL_MODELS,
     MAX_INPUTS,
     counted,
+    cut_of,
     local_embedder,
     local_models,
     refuse_unknown,
@@ -127,19 +128,6 @@ def model_of(config: RedlineConfig, asked: str | None) -> str:
     return asked
 
 
-def _cut(embedder: SentenceEmbedder, asked: int | None) -> int | None:
-    """vLLM's truncate_prompt_tokens as a cut in word pieces (None: no cut)."""
-    if asked is None:
-        return None
-    limit = embedder.max_tokens
-    if asked == -1:
-        return limit
-    if asked == 0 or asked > limit:
-        raise InvalidRequest(f"truncate_prompt_tokens is {asked}; it must be -1 (the model's "
-                             f"context) or from 1 to {limit}.", param="truncate_prompt_tokens")
-    return asked
-
-
 async def _embedded(embedder: SentenceEmbedder, texts: list[str], param: str,
                     cut: int | None, single: bool = False) -> tuple[np.ndarray, int]:
     """The texts' unit vectors and their word pieces (after the cut)."""
@@ -162,7 +150,7 @@ async def rerank(config: RedlineConfig, cache: ResponseCache | None, path: str,
         raise InvalidRequest(f"'documents' holds {len(docs)} items; at most {MAX_INPUTS}.",
                              param="documents")
     embedder = await local_embedder(config, cache, name)
-    cut = _cut(embedder, body.truncate_prompt_tokens)
+    cut = cut_of(embedder, body.truncate_prompt_tokens)
     doc_cut = cut
     if body.max_tokens_per_doc is not None:
         doc_cut = min(body.max_tokens_per_doc, embedder.max_tokens, cut or embedder.max_tokens)
@@ -195,7 +183,7 @@ async def score(config: RedlineConfig, cache: ResponseCache | None, path: str,
         raise InvalidRequest(f"text_2 holds {len(seconds)} texts; at most {MAX_INPUTS}.",
                              param="text_2")
     embedder = await local_embedder(config, cache, name)
-    cut = _cut(embedder, body.truncate_prompt_tokens)
+    cut = cut_of(embedder, body.truncate_prompt_tokens)
     one = isinstance(body.text_1, str) or len(body.text_1) == 1
     left, l_tokens = await _embedded(embedder, firsts[:1] if one else firsts, "text_1", cut,
                                      single=isinstance(body.text_1, str))
