@@ -73,6 +73,8 @@ class Outcome:
     model: str = "?"
     status: int = 0
     tier: str = "?"
+    pieces: int = 0  # content deltas received: the answer's length, ~ its tokens
+    shortened: bool = False  # redline's planner cut max_tokens (X-Redline-Degraded: shorten)
 
 
 @dataclass
@@ -146,19 +148,25 @@ async def _one(client: aiohttp.ClientSession, target: Target, item: Item,
             answered = True
             model = r.headers.get("x-redline-model", "?")
             tier = r.headers.get("x-redline-tier", "?")
+            shortened = r.headers.get("x-redline-degraded") == "shorten"
+            pieces = 0
             async for payloads in data_payloads(r.content.iter_any()):
                 for payload in payloads:
-                    if payload == b"[DONE]" or ttft is not None:
+                    if payload == b"[DONE]":
                         continue
+                    if ttft is not None and b'"content"' not in payload:
+                        continue  # past the first token, only the answer's length counts
                     chunk = json.loads(payload)
                     if model == "?":
                         model = chunk.get("model", "?")
                     choices = chunk.get("choices") or []
                     if choices and choices[0].get("delta", {}).get("content"):
-                        ttft = time.perf_counter() - t0
+                        pieces += 1
+                        if ttft is None:
+                            ttft = time.perf_counter() - t0
             e2e = time.perf_counter() - t0
             return Outcome(item.kind, ttft is not None, ttft if ttft is not None else e2e, e2e,
-                           model, 200, tier)
+                           model, 200, tier, pieces, shortened)
     except STALE_CONNECTION:
         if answered or retried:
             return Outcome(item.kind, False, model=model)
@@ -228,6 +236,10 @@ def report(target: Target) -> dict[str, Any]:
         ks = [o.ttft for o in ok if o.kind == kind]
         out[f"{kind}_ttft_p50_s"] = pct(ks, 50)
         out[f"{kind}_ttft_p99_s"] = pct(ks, 99)
+        # how long the answers were: E2E compares like with like only if these match
+        sizes = [o.pieces for o in ok if o.kind == kind]
+        out[f"{kind}_pieces_mean"] = sum(sizes) / len(sizes) if sizes else float("nan")
+    out["shortened"] = sum(o.shortened for o in ok)
     models: dict[str, int] = {}
     for o in ok:
         models[o.model] = models.get(o.model, 0) + 1
@@ -313,6 +325,9 @@ async def main_async(a: argparse.Namespace) -> None:
             print(f"# {r['target']} served (tier:model): " + "; ".join(
                 f"{kind} " + ", ".join(f"{k} {v}" for k, v in sorted(c.items()))
                 for kind, c in r["served_by_kind"].items()))
+            print(f"# {r['target']} answer length (content deltas, mean): " + ", ".join(
+                f"{kind} {r[f'{kind}_pieces_mean']:.1f}" for kind, _, _ in MIX)
+                + f"; shortened by the planner: {r['shortened']}")
     if a.dump:  # every request's outcome, for a closer look (which model made the tail)
         with open(a.dump, "w") as f:
             for t in targets:
