@@ -185,11 +185,13 @@ def remote_model(config: RedlineConfig, name: str) -> bool:
     return any(m.name == name and m.backend == "openai" for m in config.models)
 
 
-def check_model(config: RedlineConfig, name: str) -> None:
-    """ModelNotFound unless `name` serves embeddings here (a bundled one, or a remote)."""
-    if name not in local_models(config) and not remote_model(config, name):
-        listed = ", ".join(local_models(config)) or "none installed"
-        raise ModelNotFound(f"The model `{name}` does not exist or serves no embeddings "
+def check_model(config: RedlineConfig, name: str, lacks: str = "serves no embeddings") -> None:
+    """ModelNotFound unless `name` is an encoder here (a bundled one, or a remote): for
+    embeddings, and for rerank and score (rerank.py), which say what it `lacks`."""
+    bundled = local_models(config)
+    if name not in bundled and not remote_model(config, name):
+        listed = ", ".join(bundled) or "none installed"
+        raise ModelNotFound(f"The model `{name}` does not exist or {lacks} "
                             f"(bundled embedding models: {listed}; and the remote models).",
                             param="model")
 

@@ -38,18 +38,18 @@ from redline.api.embeddings import (
     LOCAL_MODEL,
     LOCAL_MODELS,
     MAX_INPUTS,
+    check_model,
     counted,
     cut_of,
     local_embedder,
     local_models,
     refuse_unknown,
     remote_answer,
-    remote_model,
 )
 from redline.cache import ResponseCache
 from redline.cache.embedder import SentenceEmbedder
 from redline.config import RedlineConfig
-from redline.errors import InvalidRequest, ModelNotFound
+from redline.errors import InvalidRequest
 
 
 class RerankRequest(BaseModel):
@@ -94,37 +94,35 @@ class ScoreRequest(BaseModel):
 
     def all_texts(self) -> list[str]:
         """Both sides' texts as the gate counts them."""
-        return [*([self.text_1] if isinstance(self.text_1, str) else self.text_1),
-                *([self.text_2] if isinstance(self.text_2, str) else self.text_2)]
+        return [*_listed(self.text_1), *_listed(self.text_2)]
 
     def pairs(self) -> tuple[list[str], list[str]]:
-        """(firsts, seconds), as long as each other: one first text is every pair's."""
-        firsts = [self.text_1] if isinstance(self.text_1, str) else list(self.text_1)
-        seconds = [self.text_2] if isinstance(self.text_2, str) else list(self.text_2)
+        """(firsts, seconds): one first text, scored against every second one, or as many
+        firsts as seconds, pair by pair."""
+        firsts, seconds = _listed(self.text_1), _listed(self.text_2)
         if not firsts or not seconds:
             raise InvalidRequest("text_1 and text_2 must not be empty.",
                                  param="text_1" if not firsts else "text_2")
-        if len(firsts) == 1:
-            firsts = firsts * len(seconds)
-        elif len(firsts) != len(seconds):
+        if len(firsts) not in (1, len(seconds)):
             raise InvalidRequest(f"text_1 holds {len(firsts)} texts and text_2 {len(seconds)}: "
                                  "give one text_1, or as many as text_2.", param="text_2")
         return firsts, seconds
 
 
+def _listed(texts: str | list[str]) -> list[str]:
+    return [texts] if isinstance(texts, str) else list(texts)
+
+
 def model_of(config: RedlineConfig, asked: str | None) -> str:
     """The model that answers: the one named (a bundled embedder, or a remote model),
     else the first bundled one (vLLM's server answers with the model it serves)."""
-    bundled = local_models(config)
     if asked is None:
+        bundled = local_models(config)
         if not bundled:
             raise InvalidRequest("Name a model: no bundled embedder is installed here.",
                                  param="model")
         return bundled[0]
-    if asked not in bundled and not remote_model(config, asked):
-        listed = ", ".join(bundled) or "none installed"
-        raise ModelNotFound(f"The model `{asked}` does not exist or scores no texts "
-                            f"(bundled: {listed}; and the remote models).", param="model")
+    check_model(config, asked, "scores no texts")
     return asked
 
 
@@ -184,12 +182,11 @@ async def score(config: RedlineConfig, cache: ResponseCache | None, path: str,
                              param="text_2")
     embedder = await local_embedder(config, cache, name)
     cut = cut_of(embedder, body.truncate_prompt_tokens)
-    one = isinstance(body.text_1, str) or len(body.text_1) == 1
-    left, l_tokens = await _embedded(embedder, firsts[:1] if one else firsts, "text_1", cut,
+    left, l_tokens = await _embedded(embedder, firsts, "text_1", cut,
                                      single=isinstance(body.text_1, str))
     right, r_tokens = await _embedded(embedder, seconds, "text_2", cut,
                                       single=isinstance(body.text_2, str))
-    scores = right @ left[0] if one else np.einsum("ij,ij->i", left, right)
+    scores = right @ left[0] if len(firsts) == 1 else np.einsum("ij,ij->i", left, right)
     total = l_tokens + r_tokens
     payload = {"id": f"score-{uuid.uuid4().hex}", "object": "list", "created": int(time.time()),
                "model": name,
