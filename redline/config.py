@@ -90,7 +90,7 @@ class PlacementConfig(_Section):
         description="a stream whose replica dies mid-answer continues on another replica "
         "(backends/continuation.py): continue_final_message (vLLM, SGLang), prefill (llama.cpp's "
         "server), text_only (completions only; chat streams end with an error event), off. "
-        "auto: text_only for local models, continue_final_message for remote ones")
+        "auto: continue_final_message, which the embedded engine and vLLM take")
 
     def load_cost(self, local: bool) -> float:
         """What one request in flight weighs in placement, in prompt tokens, for a pool of
@@ -133,7 +133,11 @@ class ModelConfig(_Section):
     # local: a GGUF path, or a bundled model name (see redline.models)
     path: str | None = None
     bundled: str | None = None
-    chat_template: Literal["auto", "gemma", "chatml"] = "auto"
+    chat_template: Literal["auto", "builtin", "gemma", "chatml"] = Field(
+        "auto", description="auto: the Jinja chat template the GGUF carries, rendered as "
+        "transformers and vLLM render it (engine/template.py); builtin: llama.cpp's own rendering "
+        "of the template it recognises in the file (role and text only: no default system turn, "
+        "no native tool prompt); gemma, chatml: that built-in template")
     weights: str = Field("as-shipped", description="'as-shipped'; a GGUF type (BF16, F16, Q8_0, "
                          "...) to convert the file to once, at first load (kept in data_dir/models);"
                          " or 'auto': BF16 where the CPU has AVX512-BF16 (llama.cpp's fastest "

@@ -52,9 +52,12 @@ PAST_REASONING = frozenset(("reasoning_content", "reasoning"))
 DEFAULTS: dict[str, tuple[Any, ...]] = {
     "store": (False,), "service_tier": ("auto", "default"), "modalities": (["text"],),
     "skip_special_tokens": (True,), "spaces_between_special_tokens": (True,),
-    "add_generation_prompt": (True,), "continue_final_message": (False,), "echo": (False,),
-    "chat_template_kwargs": ({},), "verbosity": ("medium",),
+    "echo": (False,), "verbosity": ("medium",),
 }
+# vLLM's chat-template fields: in `extra` (a remote engine gets them as sent), and honoured
+# by the embedded engine, which renders the model's own template
+# (backends/local_features.py `template_options`)
+TEMPLATE_FIELDS = ("add_generation_prompt", "continue_final_message", "chat_template_kwargs")
 
 
 # vLLM's structured outputs: in `extra` (a remote engine gets them as sent), and honoured by
@@ -323,7 +326,7 @@ class GenerationRequest:
         # a top-level null is a field not sent; an empty object may mean something here
         # (`web_search_options: {}` turns search on), so only DEFAULTS' values say nothing
         out = [k for k, v in self.extra.items() if k not in HINTS and k not in GUIDED
-               and v is not None
+               and k not in TEMPLATE_FIELDS and v is not None
                and not any(v == d and type(v) is type(d) for d in DEFAULTS.get(k, ()))]
         outputs = self.extra.get("structured_outputs")
         if isinstance(outputs, dict):  # what of it the grammar does not serve (regex, ...)

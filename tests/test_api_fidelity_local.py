@@ -424,3 +424,70 @@ def test_a_prompt_of_token_ids_is_the_same_prompt_as_its_text(smol_server: Any) 
     with pytest.raises(openai.BadRequestError) as err:
         c.completions.create(model="auto", prompt=ids, max_tokens=2)
     assert err.value.body["param"] == "model"  # type: ignore[index]
+
+
+COUNT = [{"role": "user", "content": "List the numbers from 1 to 10, separated by commas."}]
+
+
+def _tokens(server: Any, **body: Any) -> list[int]:
+    r = httpx.post(f"{server.url}/tokenize", json={"model": SMOL, **body}, timeout=30)
+    assert r.status_code == 200, r.text
+    return list(r.json()["tokens"])
+
+
+def test_the_model_template_and_vllms_template_fields(smol_server: Any) -> None:
+    """The chat is rendered in the GGUF's own Jinja template (SmolLM2's adds its default
+    system turn, as vLLM and llama-server render it); `add_generation_prompt: false` leaves
+    the assistant turn unopened; `continue_final_message` leaves the final message open,
+    and the answer goes on from it."""
+    opened = _tokens(smol_server, messages=COUNT)
+    strs = httpx.post(f"{smol_server.url}/tokenize", timeout=30, json={
+        "model": SMOL, "messages": COUNT, "return_token_strs": True}).json()["token_strs"]
+    assert "".join(strs).startswith("<|im_start|>system\nYou are a helpful AI assistant named "
+                                    "SmolLM")
+    closed = _tokens(smol_server, messages=COUNT, add_generation_prompt=False)
+    assert opened[:len(closed)] == closed
+    opener = httpx.post(f"{smol_server.url}/detokenize", timeout=30,
+                        json={"model": SMOL, "tokens": opened[len(closed):]}).json()
+    assert opener == {"prompt": "<|im_start|>assistant\n"}
+    c = client(smol_server)
+    whole = c.chat.completions.create(model=SMOL, messages=COUNT, max_tokens=24, temperature=0,
+                                      extra_body={"cache": False})
+    text = whole.choices[0].message.content or ""
+    start = text[:text.index(",", text.index(",") + 1) + 1]  # the first two numbers
+    assert 0 < len(start) < len(text)
+    partial = [*COUNT, {"role": "assistant", "content": start}]
+    cont = c.chat.completions.create(
+        model=SMOL, messages=partial, max_tokens=24, temperature=0,  # type: ignore[arg-type]
+        extra_body={"cache": False, "continue_final_message": True,
+                    "add_generation_prompt": False})
+    rest = cont.choices[0].message.content or ""
+    n = len(_tokens(smol_server, messages=partial, continue_final_message=True,
+                    add_generation_prompt=False))
+    assert cont.usage is not None and cont.usage.prompt_tokens == n
+    # greedy: the same prefix goes on as the whole answer went on
+    assert (start + rest)[:len(text)] == text[:len(start + rest)]
+    assert len(rest) > 0
+
+
+@pytest.mark.parametrize(("extra", "param"), [
+    ({"continue_final_message": True}, "continue_final_message"),  # and the assistant turn opened
+    ({"chat_template_kwargs": "x"}, "chat_template_kwargs"),
+    ({"chat_template_kwargs": {"add_generation_prompt": False}},
+     "chat_template_kwargs.add_generation_prompt"),
+    ({"add_generation_prompt": "no"}, "add_generation_prompt"),
+])
+def test_template_fields_a_chat_cannot_take_are_a_400(smol_server: Any, extra: dict[str, Any],
+                                                       param: str) -> None:
+    with pytest.raises(openai.BadRequestError) as err:
+        client(smol_server).chat.completions.create(model=SMOL, messages=ASK, max_tokens=2,
+                                                    extra_body={"cache": False, **extra})
+    assert err.value.body["param"] == param  # type: ignore[index]
+
+
+def test_a_text_completion_has_no_template(smol_server: Any) -> None:
+    with pytest.raises(openai.BadRequestError) as err:
+        client(smol_server).completions.create(
+            model=SMOL, prompt="Hi", max_tokens=2,
+            extra_body={"cache": False, "chat_template_kwargs": {"enable_thinking": False}})
+    assert err.value.body["param"] == "chat_template_kwargs"  # type: ignore[index]

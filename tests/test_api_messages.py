@@ -205,3 +205,20 @@ def test_what_redline_cannot_hold_to_is_refused(gateway: Any, body: dict[str, An
     r = _post(gateway[1], **body)
     assert r.status_code == 400 and r.json()["type"] == "error", r.text
     assert says in r.json()["error"]["message"], r.text
+
+
+def test_a_final_assistant_turn_is_continued(gateway: Any) -> None:
+    """Anthropic's prefill: the answer continues a final assistant turn. A remote engine is
+    asked as vLLM takes it (the embedded engine's own: tests/test_api_fidelity_local.py);
+    trailing whitespace in it is a 400, as Anthropic answers."""
+    client, gw, up = gateway
+    client.messages.create(model="remote", max_tokens=2, messages=[
+        *ASK, {"role": "assistant", "content": "The weather is"}])
+    sent = httpx.get(f"{up}/last").json()
+    assert sent["messages"][-1] == {"role": "assistant", "content": "The weather is"}
+    assert sent["continue_final_message"] is True and sent["add_generation_prompt"] is False
+    client.messages.create(model="remote", max_tokens=2, messages=ASK)
+    assert "continue_final_message" not in httpx.get(f"{up}/last").json()
+    r = _post(gw, model="remote", max_tokens=2,
+              messages=[*ASK, {"role": "assistant", "content": "The weather is "}])
+    assert r.status_code == 400 and "trailing whitespace" in r.json()["error"]["message"]

@@ -23,7 +23,12 @@ SYSTEM = ("You are a support assistant for Acme Cloud. Be brief, be precise, cit
 
 @pytest.fixture(scope="module")
 def model(tmp_path_factory):
-    m = LlamaModel(str(bundled_path("smollm2-135m-instruct", Path(".redline/models"))))
+    # prompts in llama.cpp's built-in chatml (no default system turn): llama.cpp's CPU
+    # kernels are not batch-invariant, and these tests pin greedy answers of questions
+    # whose answers have no near-tie under that noise; SmolLM2's own template
+    # (tests/test_engine_template.py) puts two of them at a first-token tie (gap < 0.25)
+    m = LlamaModel(str(bundled_path("smollm2-135m-instruct", Path(".redline/models"))),
+                   "builtin")
     yield m
     m.close()
 
@@ -266,7 +271,7 @@ def test_weights_conversion_is_cached_and_keeps_the_model(model, tmp_path, monke
     ref = last_logits(model)
 
     def kl(path):  # KL(shipped || converted) of the next-token distribution
-        m = LlamaModel(str(path))
+        m = LlamaModel(str(path), "builtin")  # the same prompt as `model`'s
         try:
             out = last_logits(m)
         finally:

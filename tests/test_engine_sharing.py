@@ -84,7 +84,7 @@ async def test_two_local_models_never_decode_at_once(tmp_path: Path,
         jobs = [drain(smol, chat(q)) for q in ("What is 2 + 2?", "Name a colour.", "Say hi.")]
         jobs += [drain(gemma, text(p)) for p in ("The capital of France is", "Once upon a time")]
         counts = await asyncio.gather(*jobs)
-        assert all(n == 24 for n in counts)
+        assert all(n == 24 for n in counts), counts
     finally:
         await asyncio.gather(smol.close(), gemma.close())
     assert {n for n, _, _ in spans} == {"smol", "gemma"}

@@ -21,7 +21,6 @@ from starlette.types import Send
 from redline.errors import InvalidRequest, RedlineError
 from redline.routing.names import parse_tier
 from redline.types import (
-    NO_EXTRA,
     ChoiceAnswer,
     ContentPart,
     FinishReason,
@@ -195,9 +194,23 @@ class MessagesRequest(BaseModel):
             tier=parse_tier(tier),
             tenant=tenant, use_cache=self.cache is not False and not no_cache and not tools,
             user=str(user) if user is not None else None, tools=tuple(tools), tool_choice=choice,
-            parallel_tool_calls=parallel, response_format=fmt,
-            extra={"reasoning_effort": effort} if effort else NO_EXTRA)
+            parallel_tool_calls=parallel, response_format=fmt, extra=_extra(effort, messages))
         return gen
+
+
+def _extra(effort: str | None, messages: list[Message]) -> dict[str, Any]:
+    """The request's fields beyond chat's own: the reasoning effort, and Anthropic's
+    prefill. A final assistant turn of text is the start of the answer, which continues
+    it: vLLM's chat-template fields, which the embedded engine honours and a remote vLLM
+    or SGLang gets as sent."""
+    out: dict[str, Any] = {"reasoning_effort": effort} if effort else {}
+    last = messages[-1] if messages else None
+    if last is not None and last.role == "assistant" and not last.tool_calls:
+        if last.content != last.content.rstrip():  # Anthropic's own rule
+            raise InvalidRequest("messages: final assistant content cannot end with trailing "
+                                 "whitespace", param="messages")
+        out.update(continue_final_message=True, add_generation_prompt=False)
+    return out
 
 
 def _image(block: Block) -> ContentPart:

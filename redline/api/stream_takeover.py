@@ -105,7 +105,7 @@ def _mode(services: Services, model: str) -> Mode:
         return backend.migrate
     cfg = next((m for m in services.config.models if m.name == model), None)
     if cfg is None or cfg.placement.migrate == "auto":
-        return "text_only" if cfg is None or cfg.backend == "local" else "continue_final_message"
+        return "continue_final_message"
     return cfg.placement.migrate
 
 

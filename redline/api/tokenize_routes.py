@@ -134,9 +134,8 @@ async def tokenize(request: Request) -> Response:
     chat = "messages" in body
     special = _flag(body, "add_special_tokens", not chat)
     strs = _flag(body, "return_token_strs", False)
-    if not _flag(body, "add_generation_prompt", True) and chat:
-        raise InvalidRequest("The embedded engine's chat prompt always opens the assistant "
-                             "turn (add_generation_prompt: true).", param="add_generation_prompt")
+    if not chat:  # a text prompt has no template (vLLM's /tokenize reads it for chats only)
+        _flag(body, "add_generation_prompt", True)
     if chat and special:
         raise InvalidRequest("A chat template writes its own special tokens "
                              "(add_special_tokens: false).", param="add_special_tokens")
@@ -149,7 +148,7 @@ async def tokenize(request: Request) -> Response:
     out: dict[str, Any] = {"count": len(tokens), "max_model_len": backend.cfg.n_ctx,
                            "tokens": tokens, "token_strs": None}
     if strs:
-        out["token_strs"] = backend.text_of(tokens)[1]
+        out["token_strs"] = backend.text_of(tokens, special=True)[1]
     return Response(orjson.dumps(out), media_type="application/json")
 
 
@@ -162,7 +161,7 @@ async def detokenize(request: Request) -> Response:
     if backend is None:
         return await forward(services, name, "/detokenize", body)
     parsed = validated(DetokenizeRequest, body)
-    text, _ = backend.text_of(parsed.tokens)
+    text, _ = backend.text_of(parsed.tokens, special=True)
     return Response(orjson.dumps({"prompt": text}), media_type="application/json")
 
 

@@ -13,8 +13,9 @@ How an engine is asked to continue a partial answer (`PlacementConfig.migrate`):
 - chat, `prefill`: the same final assistant message without the fields: llama.cpp's
   server continues a final assistant message by default (`--no-prefill-assistant` turns
   it off), as Anthropic's API does.
-- `text_only`: chat streams do not move (the embedded engine renders a new assistant
-  turn after a final assistant message); `off`: nothing moves.
+- `text_only`: chat streams do not move (for an engine that renders a new assistant turn
+  after a final assistant message); `off`: nothing moves. The embedded engine takes
+  `continue_final_message` as vLLM does (engine/llama.py `render_chat`).
 
 The text is resent, not token ids: OpenAI-compatible streams do not carry ids, so the
 engine re-tokenises it; at a token boundary that can split differently from the dead

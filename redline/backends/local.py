@@ -8,10 +8,17 @@ import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
+from typing import Any
 
 from redline.backends.base import BackendInfo
 from redline.backends.local_choices import merged
-from redline.backends.local_features import named_as_sent, prepare, with_tool_calls
+from redline.backends.local_features import (
+    Prepared,
+    named_as_sent,
+    prepare,
+    template_options,
+    with_tool_calls,
+)
 from redline.config import ModelConfig
 from redline.engine.arbiter import StepArbiter
 from redline.engine.engine import Engine
@@ -105,12 +112,21 @@ class LocalBackend:
 
     def prompt_tokens(self, request: GenerationRequest,
                       messages: tuple[Message, ...] | None = None,
-                      prompt: str | None = None) -> list[int]:
+                      prompt: str | None = None,
+                      tools: list[dict[str, Any]] | None = None) -> list[int]:
+        """A prompt's tokens: a chat's messages in the model's template (with `tools`
+        for a template that renders them itself), or a text prompt's."""
         assert self.model is not None
         messages = request.messages if messages is None else messages
         chat = messages is not None
+        opts = template_options(request)  # a text prompt's: a 400 for any but the defaults
         if messages is not None:
-            text = self.model.render_chat(messages)
+            if opts.kwargs and self.model.jinja is None:
+                raise InvalidRequest("chat_template_kwargs: this model's chat template is "
+                                     "llama.cpp's built-in one, which takes no arguments.",
+                                     param="chat_template_kwargs")
+            text = self.model.render_chat(messages, opts.add_generation_prompt,
+                                          opts.continue_final, tools, opts.kwargs)
         else:
             text = (request.prompt if prompt is None else prompt) or ""
             if request.suffix is not None:  # fill in the middle
@@ -119,6 +135,8 @@ class LocalBackend:
         tokens = self._tokenized.get(key)
         if tokens is None:
             tokens = self.model.tokenize(text, add_special=not chat, parse_special=chat)
+            if chat and self.model.add_bos and tokens[:1] != [self.model.bos]:
+                tokens.insert(0, self.model.bos)  # as llama.cpp's server: one BOS, always
             self._tokenized[key] = tokens
             if len(self._tokenized) > TOKENIZED_KEPT:
                 self._tokenized.popitem(last=False)
@@ -135,17 +153,20 @@ class LocalBackend:
         if request.messages is None and add_special is False:
             return self.model.tokenize(request.prompt or "", add_special=False,
                                        parse_special=False)
-        return self.prompt_tokens(request, prepare(request, self.model.n_vocab).messages)
+        prepared = self._prepare(request)
+        return self.prompt_tokens(request, prepared.messages, tools=prepared.tools)
 
-    def text_of(self, tokens: list[int]) -> tuple[str, list[str]]:
-        """What /detokenize answers: the text of `tokens`, and each token's own text."""
+    def text_of(self, tokens: list[int], special: bool = False) -> tuple[str, list[str]]:
+        """The text of `tokens`, and each token's own text; `special`: control tokens
+        written out (`<|im_start|>`), as /detokenize and /tokenize's token strings give
+        them on vLLM and llama.cpp's server."""
         if self.model is None:
             raise NotReady("the model is still loading", retry_after=1)
         for i, t in enumerate(tokens):
             if not 0 <= t < self.model.n_vocab:
                 raise InvalidRequest(f"tokens[{i}] is {t}, not in this model's vocabulary "
                                      f"(0..{self.model.n_vocab - 1}).", param=f"tokens[{i}]")
-        pieces = [self.model.piece(t) for t in tokens]
+        pieces = [self.model.piece(t, special) for t in tokens]
         return (b"".join(pieces).decode("utf-8", errors="replace"),
                 [p.decode("utf-8", errors="replace") for p in pieces])
 
@@ -159,12 +180,12 @@ class LocalBackend:
         t0 = time.perf_counter()
         # tools rendered, grammar set: a 400 for what the engine cannot enforce
         with named_as_sent(request):
-            prepared = prepare(request, self.model.n_vocab)
+            prepared = self._prepare(request)
             if prepared.sampling.grammar is not None:
                 self._check_grammar(prepared.sampling.grammar, prepared.grammar_param)
         # one token list per prompt (a text completion may send several)
         lists = ([self._ids(ids) for ids in request.prompt_ids] if request.prompt_ids else
-                 [self.prompt_tokens(request, prepared.messages, p)
+                 [self.prompt_tokens(request, prepared.messages, p, prepared.tools)
                   for p in request.prompts or (None,)])
         prompts = [self._checked(tokens, request) for tokens in lists]
         tokenize_s = time.perf_counter() - t0
@@ -196,6 +217,10 @@ class LocalBackend:
             if chunk.timings is not None:
                 chunk.timings.add("tokenize", tokenize_s)
             yield chunk
+
+    def _prepare(self, request: GenerationRequest) -> Prepared:
+        assert self.model is not None
+        return prepare(request, self.model.n_vocab, self.model.renders_tools)
 
     def _ids(self, ids: tuple[int, ...]) -> list[int]:
         """A prompt of token ids, each in this model's vocabulary."""

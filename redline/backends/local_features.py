@@ -14,12 +14,20 @@ import dataclasses
 import json
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 from redline.engine import regex
 from redline.engine.grammar import JSON_OBJECT, schema_grammar
-from redline.engine.tools import ToolCallParser, grammar, lazy_grammar, offered, render
+from redline.engine.tools import ToolCallParser, grammar, lazy_grammar, offered, render, specs
 from redline.errors import InvalidRequest
-from redline.types import GUIDED, GUIDED_KINDS, Chunk, GenerationRequest, Message, SamplingParams
+from redline.types import (
+    GUIDED,
+    GUIDED_KINDS,
+    Chunk,
+    GenerationRequest,
+    Message,
+    SamplingParams,
+)
 
 
 @dataclass(frozen=True)
@@ -28,9 +36,48 @@ class Prepared:
     sampling: SamplingParams  # the request's, with the grammar set
     parse_tools: bool  # the answer may hold tool calls
     grammar_param: str = "response_format"  # the field the grammar comes from (for a 400)
+    tools: list[dict[str, Any]] | None = None  # for a template that renders tools itself
 
 
-def prepare(request: GenerationRequest, n_vocab: int) -> Prepared:
+@dataclass(frozen=True)
+class TemplateOptions:
+    """vLLM's chat-template fields: the assistant's turn opened (`add_generation_prompt`),
+    or the final message continued (`continue_final_message`), and the template's own
+    keyword arguments (`chat_template_kwargs`, such as Qwen3's `enable_thinking`)."""
+
+    add_generation_prompt: bool = True
+    continue_final: bool = False
+    kwargs: dict[str, Any] | None = None
+
+
+def template_options(request: GenerationRequest) -> TemplateOptions:
+    """A request's chat-template fields, checked (a 400 names the one that is wrong). A
+    text completion has no template: any value but the default is a 400 there."""
+    x = request.extra
+    kwargs = x.get("chat_template_kwargs")
+    if kwargs is not None and not isinstance(kwargs, dict):
+        raise InvalidRequest("chat_template_kwargs must be an object.",
+                             param="chat_template_kwargs")
+    out = TemplateOptions(_flag(x, "add_generation_prompt", True),
+                          _flag(x, "continue_final_message", False), kwargs or None)
+    if request.messages is None and out != TemplateOptions():
+        name = ("chat_template_kwargs" if out.kwargs else "continue_final_message"
+                if out.continue_final else "add_generation_prompt")
+        raise InvalidRequest(f"{name}: a text completion has no chat template.", param=name)
+    return out
+
+
+def _flag(extra: Any, name: str, default: bool) -> bool:
+    value = extra.get(name)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise InvalidRequest(f"{name} must be true or false.", param=name)
+    return value
+
+
+def prepare(request: GenerationRequest, n_vocab: int, native_tools: bool = False) -> Prepared:
+    """`native_tools`: the model's template renders tools and tool turns itself."""
     s = request.sampling
     for token, _ in s.logit_bias:
         if not 0 <= int(token) < n_vocab:
@@ -61,10 +108,13 @@ def prepare(request: GenerationRequest, n_vocab: int) -> Prepared:
             lazy = lazy_grammar(request.tools, request.tool_choice, request.parallel_tool_calls)
             if lazy is not None:
                 (gbnf, trigger), param = lazy, "tools"
-    if messages is not None and (tools or any(m.tool_calls or m.role == "tool" for m in messages)):
+    listed = None
+    if messages is not None and native_tools:
+        listed = specs(request.tools, request.tool_choice) or None
+    elif messages is not None and (tools or any(m.tool_calls or m.role == "tool" for m in messages)):
         messages = render(messages, request.tools, request.tool_choice)
     sampling = s if gbnf is None else dataclasses.replace(s, grammar=gbnf, grammar_trigger=trigger)
-    return Prepared(messages, sampling, bool(tools) and messages is not None, param)
+    return Prepared(messages, sampling, bool(tools) and messages is not None, param, listed)
 
 
 @contextlib.contextmanager

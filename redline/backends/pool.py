@@ -54,8 +54,7 @@ class PoolBackend:
         self._turn = itertools.count()
         self._memo: OrderedDict[str, list[bytes]] = OrderedDict()
         # how a stream whose replica dies continues on another (routing/migrate.py)
-        self.migrate: Mode = (cfg.migrate if cfg.migrate != "auto" else
-                              "text_only" if first.kind == "local" else "continue_final_message")
+        self.migrate: Mode = cfg.migrate if cfg.migrate != "auto" else "continue_final_message"
 
     # -- choosing -------------------------------------------------------------------
 

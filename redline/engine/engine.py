@@ -333,8 +333,10 @@ class Engine:
         else:
             self.scheduler.finish(seq)
             self.forecast.finished(len(seq.output))
+            # the last token counts though its text is empty (a control token
+            # under ignore_eos, bytes the detokenizer holds); an end token not kept does not
             chunk = self._final(seq, reason, text + seq.detok.flush(),
-                                tokens=1 if text else 0, drafted=drafted)
+                                tokens=1 if kept else 0, drafted=drafted)
         chunk.constrained = seq.sampler.constrained
         if seq.sampling.logprobs and kept:
             chunk.logprobs = (token_logprobs(scores, token, seq.sampling.top_logprobs or 0,

@@ -8,14 +8,17 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import json
 import os
 from dataclasses import dataclass
 from typing import Any
 
+import jinja2
 import llama_cpp as ll
 import numpy as np
 
 from redline.engine import compute
+from redline.engine.template import ChatTemplate
 from redline.errors import InvalidRequest
 from redline.types import Message
 
@@ -64,17 +67,40 @@ class LlamaModel:
         self.n_vocab = ll.llama_vocab_n_tokens(self.vocab)
         self.n_ctx_train = ll.llama_model_n_ctx_train(self.model)
         self.add_bos = bool(ll.llama_vocab_get_add_bos(self.vocab))
+        self.bos = int(ll.llama_vocab_bos(self.vocab))
         self._template = self._resolve_template(chat_template)
 
     def _resolve_template(self, choice: str) -> bytes | None:
-        if choice != "auto":
+        """llama.cpp's built-in template for `choice` (`builtin`/`auto`: the one it
+        recognises in the file's Jinja text); with `auto`, the Jinja text itself is
+        compiled too (`self.jinja`), and it is what renders a chat."""
+        self.jinja: ChatTemplate | None = None
+        if choice not in ("auto", "builtin"):
             return choice.encode()
         tmpl = ll.llama_model_chat_template(self.model, None)
+        if tmpl and choice == "auto":
+            try:
+                self.jinja = ChatTemplate(tmpl.decode("utf-8", errors="replace"),
+                                          self.special_text(ll.llama_vocab_bos(self.vocab)),
+                                          self.special_text(ll.llama_vocab_eos(self.vocab)))
+            except jinja2.TemplateError:  # not Jinja that compiles: the built-in one renders
+                self.jinja = None
         return tmpl if tmpl else None
+
+    def special_text(self, token: int) -> str:
+        """A control token's text ("" for none), as a template writes `bos_token`."""
+        if token < 0:
+            return ""
+        return token_piece(self.vocab, token, special=True).decode("utf-8", errors="replace")
 
     @property
     def has_chat_template(self) -> bool:
-        return self._template is not None
+        return self._template is not None or self.jinja is not None
+
+    @property
+    def renders_tools(self) -> bool:
+        """Whether the model's own template writes a tool prompt and tool-call turns."""
+        return self.jinja is not None and self.jinja.renders_tools
 
     def is_eog(self, token: int) -> bool:
         return bool(ll.llama_vocab_is_eog(self.vocab, token))
@@ -100,11 +126,37 @@ class LlamaModel:
     def tokenize(self, text: str, add_special: bool = True, parse_special: bool = True) -> list[int]:
         return tokenize(self.vocab, text.encode("utf-8"), add_special, parse_special)
 
-    def piece(self, token: int) -> bytes:
-        return token_piece(self.vocab, token)
+    def piece(self, token: int, special: bool = False) -> bytes:
+        return token_piece(self.vocab, token, special)
 
-    def render_chat(self, messages: tuple[Message, ...]) -> str:
-        """Apply the chat template and open the assistant turn."""
+    def render_chat(self, messages: tuple[Message, ...], add_generation_prompt: bool = True,
+                    continue_final: bool = False, tools: list[dict[str, Any]] | None = None,
+                    kwargs: dict[str, Any] | None = None) -> str:
+        """The conversation in the model's chat template, the assistant's turn opened
+        (`add_generation_prompt`), or the final message left open for the model to go on
+        with (`continue_final`: vLLM's `continue_final_message`). `tools` (function specs)
+        and `kwargs` (`chat_template_kwargs`) go to a Jinja template only."""
+        if continue_final and add_generation_prompt:
+            raise InvalidRequest("Cannot set both `continue_final_message` and "
+                                 "`add_generation_prompt` to true.", param="continue_final_message")
+        if self.jinja is not None:
+            text = self.jinja.render([_as_dict(m) for m in messages], add_generation_prompt,
+                                     tools, kwargs)
+        else:
+            if tools:
+                raise AssertionError("tools go to a template that renders them")
+            text = self._render_builtin(messages, add_generation_prompt)
+        if continue_final and messages:
+            # cut after the final message's text, as vLLM does: its end-of-turn goes
+            end = text.rfind(messages[-1].content)
+            if end < 0:
+                raise InvalidRequest("continue_final_message: the chat template does not "
+                                     "write the final message's text as sent.",
+                                     param="continue_final_message")
+            text = text[:end + len(messages[-1].content)]
+        return text
+
+    def _render_builtin(self, messages: tuple[Message, ...], add_generation_prompt: bool) -> str:
         if self._template is None:
             raise InvalidRequest(
                 "this model has no chat template; use /v1/completions", param="model"
@@ -118,10 +170,12 @@ class LlamaModel:
             arr[i].content = content
         size = 4096 + sum(len(m.content) * 2 for m in messages)
         buf = ctypes.create_string_buffer(size)
-        n = ll.llama_chat_apply_template(self._template, arr, len(messages), True, buf, size)
+        n = ll.llama_chat_apply_template(self._template, arr, len(messages),
+                                         add_generation_prompt, buf, size)
         if n > size:
             buf = ctypes.create_string_buffer(n)
-            n = ll.llama_chat_apply_template(self._template, arr, len(messages), True, buf, n)
+            n = ll.llama_chat_apply_template(self._template, arr, len(messages),
+                                             add_generation_prompt, buf, n)
         if n < 0:
             raise InvalidRequest(f"chat template {self._template!r} is not supported", param="model")
         return buf.raw[:n].decode("utf-8", errors="replace")
@@ -130,6 +184,30 @@ class LlamaModel:
         if self.model:
             ll.llama_model_free(self.model)
             self.model = None
+
+
+def _as_dict(m: Message) -> dict[str, Any]:
+    """A message as a chat template reads it (OpenAI's shape; a call's arguments as an
+    object where they are one, as vLLM and llama.cpp's server give them to templates,
+    which write them with `tojson`)."""
+    out: dict[str, Any] = {"role": m.role, "content": m.content}
+    if m.tool_calls:
+        out["tool_calls"] = [{"id": c.id, "type": "function",
+                              "function": {"name": c.name, "arguments": _arguments(c.arguments)}}
+                             for c in m.tool_calls]
+    if m.tool_call_id is not None:
+        out["tool_call_id"] = m.tool_call_id
+    if m.name is not None:
+        out["name"] = m.name
+    return out
+
+
+def _arguments(text: str) -> Any:
+    try:
+        value = json.loads(text or "{}")
+    except ValueError:
+        return text
+    return value if isinstance(value, dict) else text
 
 
 def tokenize(vocab: Any, data: bytes, add_special: bool, parse_special: bool) -> list[int]:

