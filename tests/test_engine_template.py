@@ -5,8 +5,10 @@ exercise what a template may do."""
 from __future__ import annotations
 
 import importlib.metadata
+import json
 from collections.abc import Iterator
 
+import llama_cpp as ll
 import pytest
 
 from redline.engine.llama import LlamaModel
@@ -106,3 +108,75 @@ def test_tool_turns_reach_a_template_that_writes_them() -> None:
         '<tool>add</tool><call>add {"a": 1, "b": 2}</call><result id=call_1>3</result>'
     assert not ChatTemplate("{% for m in messages %}{{ m.content }}{% endfor %}", "", "") \
         .renders_tools
+
+
+CONVERSATIONS: list[tuple[list[dict[str, object]], bool]] = [
+    ([{"role": "user", "content": "Hello"}], False),
+    ([{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello"}], False),
+    ([{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello! How can I help?"},
+      {"role": "user", "content": "Un café, s'il vous plaît"}], False),
+    ([{"role": "user", "content": "Weather in Paris and Rome?"},
+      {"role": "assistant", "content": "", "tool_calls": [
+          {"id": "a", "type": "function",
+           "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}},
+          {"id": "b", "type": "function",
+           "function": {"name": "get_weather", "arguments": '{"city": "Rome"}'}}]},
+      {"role": "tool", "tool_call_id": "a", "content": "sunny"},
+      {"role": "tool", "tool_call_id": "b", "content": "rain"}], True),
+]
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "The weather in a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                   "required": ["city"]}}}
+
+
+def _messages(raw: list[dict[str, object]]) -> tuple[Message, ...]:
+    out = []
+    for m in raw:
+        calls = tuple(ToolCall(str(c["id"]), c["function"]["name"], c["function"]["arguments"])  # type: ignore[index]
+                      for c in m.get("tool_calls", ()))  # type: ignore[attr-defined]
+        out.append(Message(str(m["role"]), str(m["content"]), tool_calls=calls,
+                           tool_call_id=m.get("tool_call_id")))  # type: ignore[arg-type]
+    return tuple(out)
+
+
+def _same_as_transformers(model: LlamaModel) -> None:
+    """The prompt is transformers' own rendering of the same template (vLLM renders with
+    it), with tools and tool turns where the template writes them."""
+    from transformers.utils.chat_template_utils import render_jinja_template
+
+    assert model.jinja is not None
+    tokens = {"bos_token": model.special_text(model.bos),
+              "eos_token": model.special_text(ll.llama_vocab_eos(model.vocab))}
+    for raw, with_tools in CONVERSATIONS:
+        if with_tools and not model.renders_tools:
+            continue
+        tools = [WEATHER] if with_tools else None
+        # transformers is given the arguments as objects, as vLLM gives them
+        theirs_raw = [{**m, "tool_calls": [
+            {**c, "function": {**c["function"], "arguments": json.loads(c["function"]["arguments"])}}
+            for c in m["tool_calls"]]}  # type: ignore[attr-defined]
+            if "tool_calls" in m else m for m in raw]
+        for opened in (True, False):
+            (theirs,), _ = render_jinja_template([theirs_raw], tools=tools,
+                                                 chat_template=model.jinja.source,
+                                                 add_generation_prompt=opened, **tokens)
+            assert model.render_chat(_messages(raw), opened, tools=tools) == theirs
+
+
+def test_smollm2_renders_as_transformers_does(smol: LlamaModel) -> None:
+    _same_as_transformers(smol)
+
+
+@pytest.mark.slow
+def test_qwen_renders_as_transformers_does() -> None:
+    from pathlib import Path
+
+    from redline.models import bundled_path
+
+    model = LlamaModel(str(bundled_path("qwen2.5-coder-0.5b-instruct", Path(".redline/models"))))
+    try:
+        assert model.renders_tools
+        _same_as_transformers(model)
+    finally:
+        model.close()
