@@ -445,6 +445,10 @@ def test_the_model_template_and_vllms_template_fields(smol_server: Any) -> None:
         "model": SMOL, "messages": COUNT, "return_token_strs": True}).json()["token_strs"]
     assert "".join(strs).startswith("<|im_start|>system\nYou are a helpful AI assistant named "
                                     "SmolLM")
+    # llama.cpp's server's /apply-template: the text those tokens are
+    shown = httpx.post(f"{smol_server.url}/apply-template", timeout=30,
+                       json={"model": SMOL, "messages": COUNT}).json()["prompt"]
+    assert shown == "".join(strs) and shown.endswith("<|im_start|>assistant\n")
     closed = _tokens(smol_server, messages=COUNT, add_generation_prompt=False)
     assert opened[:len(closed)] == closed
     opener = httpx.post(f"{smol_server.url}/detokenize", timeout=30,

@@ -77,7 +77,7 @@ def test_missing_and_wrong_keys_are_401(keyed_client: tuple[TestClient, Tenants]
     assert_openai_error(c.get("/v1/models", headers={"Authorization": f"Basic {KEY}"}),
                         401, "authentication_error")
     # vLLM's tokenizer, rerank and score routes: keyed too
-    for path in ("/tokenize", "/detokenize", "/rerank", "/v2/rerank", "/score"):
+    for path in ("/tokenize", "/detokenize", "/apply-template", "/rerank", "/v2/rerank", "/score"):
         assert_openai_error(c.post(path, json={"model": "fake", "prompt": "x"}), 401,
                             "authentication_error")
     assert tenants.seen == []

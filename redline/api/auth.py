@@ -41,7 +41,8 @@ OPEN_PATHS = ("/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc")
 OPS_PATHS = ("/healthz", "/readyz", "/metrics", "/dashboard", "/health", "/ping", "/version")
 # keyed as /v1/... is: vLLM's tokenizer, rerank and score routes (they name models a key
 # may not use)
-KEYED_PATHS = ("/v1", "/tokenize", "/detokenize", "/rerank", "/v2/rerank", "/score")
+KEYED_PATHS = ("/v1", "/tokenize", "/detokenize", "/apply-template", "/rerank", "/v2/rerank",
+               "/score")
 
 
 class Auth:

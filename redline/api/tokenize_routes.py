@@ -6,9 +6,11 @@ sending it, so that a client can keep a prompt within the model's context and it
 renders into the prompt) or a completion body (one `prompt` string), plus vLLM's
 `add_special_tokens` and `return_token_strs`; it answers vLLM's `{"count", "max_model_len",
 "tokens", "token_strs"}`. /detokenize takes `{"model", "tokens"}` and answers
-`{"prompt"}`. An embedded model answers here, from the tokenizer its engine uses; a
-remote model's body goes to its engine's own /tokenize (vLLM's, SGLang's), the model name
-mapped, and its answer comes back as it is. `auto` is a 400: the count depends on the
+`{"prompt"}`. /apply-template (llama.cpp's server's) takes a chat body and answers
+`{"prompt"}`: the text the model's template renders. An embedded model answers here, from
+the tokenizer and template its engine uses; a remote model's body goes to its engine's own
+endpoint (vLLM's, SGLang's, llama.cpp's), the model name mapped, and its answer comes back
+as it is. `auto` is a 400: the count depends on the
 model."""
 
 from __future__ import annotations
@@ -150,6 +152,24 @@ async def tokenize(request: Request) -> Response:
     if strs:
         out["token_strs"] = backend.text_of(tokens, special=True)[1]
     return Response(orjson.dumps(out), media_type="application/json")
+
+
+@router.post("/apply-template", response_model=None)
+async def apply_template(request: Request) -> Response:
+    """llama.cpp's server's /apply-template: a chat body's prompt as the model's template
+    renders it (`{"prompt"}`), to see what the model is sent. A remote model's engine
+    answers it where it has one (llama.cpp's server does; vLLM's does not: a 400)."""
+    services = services_of(request.app)
+    body = await read_json(request)
+    name = await counted_model(services, request, body)
+    backend = local_backend(services, name)
+    if backend is None:
+        return await forward(services, name, "/apply-template", body)
+    if "messages" not in body:
+        raise InvalidRequest("messages is required.", param="messages")
+    gen = validated(ChatCompletionRequest, body).to_generation(None, "anonymous")
+    return Response(orjson.dumps({"prompt": backend.chat_text(gen)}),
+                    media_type="application/json")
 
 
 @router.post("/detokenize", response_model=None)

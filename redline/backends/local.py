@@ -14,6 +14,7 @@ from redline.backends.base import BackendInfo
 from redline.backends.local_choices import merged
 from redline.backends.local_features import (
     Prepared,
+    TemplateOptions,
     named_as_sent,
     prepare,
     template_options,
@@ -121,12 +122,7 @@ class LocalBackend:
         chat = messages is not None
         opts = template_options(request)  # a text prompt's: a 400 for any but the defaults
         if messages is not None:
-            if opts.kwargs and self.model.jinja is None:
-                raise InvalidRequest("chat_template_kwargs: this model's chat template is "
-                                     "llama.cpp's built-in one, which takes no arguments.",
-                                     param="chat_template_kwargs")
-            text = self.model.render_chat(messages, opts.add_generation_prompt,
-                                          opts.continue_final, tools, opts.kwargs)
+            text = self._rendered(messages, tools, opts)
         else:
             text = (request.prompt if prompt is None else prompt) or ""
             if request.suffix is not None:  # fill in the middle
@@ -141,6 +137,25 @@ class LocalBackend:
             if len(self._tokenized) > TOKENIZED_KEPT:
                 self._tokenized.popitem(last=False)
         return list(tokens)
+
+    def _rendered(self, messages: tuple[Message, ...], tools: list[dict[str, Any]] | None,
+                  opts: TemplateOptions) -> str:
+        assert self.model is not None
+        if opts.kwargs and self.model.jinja is None:
+            raise InvalidRequest("chat_template_kwargs: this model's chat template is "
+                                 "llama.cpp's built-in one, which takes no arguments.",
+                                 param="chat_template_kwargs")
+        return self.model.render_chat(messages, opts.add_generation_prompt, opts.continue_final,
+                                      tools, opts.kwargs)
+
+    def chat_text(self, request: GenerationRequest) -> str:
+        """What /apply-template answers: a chat's prompt as this model's engine renders it
+        (its template, its tools), before tokenizing."""
+        if self.model is None:
+            raise NotReady("the model is still loading", retry_after=1)
+        prepared = self._prepare(request)
+        assert prepared.messages is not None
+        return self._rendered(prepared.messages, prepared.tools, template_options(request))
 
     def tokens_of(self, request: GenerationRequest, add_special: bool | None = None) -> list[int]:
         """What /tokenize answers: the tokens of `request`'s prompt as this model takes it
