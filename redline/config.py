@@ -149,6 +149,10 @@ class ModelConfig(_Section):
     n_threads: int = Field(0, ge=0, description="0 = all cores")
     warmup: bool = True
     prefix_reuse: bool = True
+    trust_request_chat_template: bool = Field(
+        False, description="take a request's own `chat_template` (Jinja, rendered in the same "
+        "sandbox as the model's), as vLLM's --trust-request-chat-template does; else such a "
+        "request is a 400")
     prefix_cache_tokens: int | None = Field(
         None, ge=0, description="KV cells that idle sequences keep for prefix reuse, all together; "
         "past it the least recently used are forgotten first (copied to the host cache first). "

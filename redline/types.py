@@ -57,7 +57,8 @@ DEFAULTS: dict[str, tuple[Any, ...]] = {
 # vLLM's chat-template fields: in `extra` (a remote engine gets them as sent), and honoured
 # by the embedded engine, which renders the model's own template
 # (backends/local_features.py `template_options`)
-TEMPLATE_FIELDS = ("add_generation_prompt", "continue_final_message", "chat_template_kwargs")
+TEMPLATE_FIELDS = ("add_generation_prompt", "continue_final_message", "chat_template_kwargs",
+                   "chat_template")
 
 
 # vLLM's structured outputs: in `extra` (a remote engine gets them as sent), and honoured by

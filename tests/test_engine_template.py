@@ -180,3 +180,43 @@ def test_qwen_renders_as_transformers_does() -> None:
         _same_as_transformers(model)
     finally:
         model.close()
+
+
+async def test_a_request_template_only_where_the_model_trusts_it() -> None:
+    """vLLM's per-request `chat_template`: a 400 unless the model's config trusts request
+    templates (as vLLM's --trust-request-chat-template); then it renders the chat, in the
+    same sandbox."""
+    from pathlib import Path
+
+    from redline.backends.local import LocalBackend
+    from redline.config import ModelConfig
+    from redline.types import GenerationRequest, SamplingParams
+
+    own = "{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}"
+
+    def ask(template: str) -> GenerationRequest:
+        return GenerationRequest(model="s", messages=(Message("user", "Hello"),),
+                                 sampling=SamplingParams(max_tokens=2),
+                                 extra={"chat_template": template})
+
+    cfg = ModelConfig(name="s", bundled="smollm2-135m-instruct", warmup=False, n_seq_max=1,
+                      n_ctx=256)
+    for trusted in (False, True):
+        backend = LocalBackend(cfg.model_copy(update={"trust_request_chat_template": trusted}),
+                               Path(".redline/models"))
+        await backend.start()
+        try:
+            if not trusted:
+                with pytest.raises(InvalidRequest, match="trust") as exc:
+                    backend.tokens_of(ask(own))
+                assert exc.value.param == "chat_template"
+                continue
+            assert backend.chat_text(ask(own)) == "<user>Hello"
+            assert backend.model is not None
+            assert backend.tokens_of(ask(own)) == backend.model.tokenize(
+                "<user>Hello", add_special=False)
+            with pytest.raises(InvalidRequest) as exc:
+                backend.tokens_of(ask("{% for %}"))
+            assert exc.value.param == "chat_template"
+        finally:
+            await backend.close()

@@ -26,6 +26,7 @@ from redline.engine.engine import Engine
 from redline.engine.llama import LlamaModel
 from redline.engine.sampling import GrammarError, check_grammar
 from redline.engine.speculative import NgramSettings
+from redline.engine.template import ChatTemplate
 from redline.engine.tools import ToolCallParser
 from redline.errors import ContextLengthExceeded, InvalidRequest, NotReady
 from redline.models import bundled_path, served_path
@@ -47,6 +48,7 @@ class LocalBackend:
         # prompts tokenized lately, by text: the planner's forecast tokenizes a request's
         # prompt and its stream, a moment later, finds it here
         self._tokenized: OrderedDict[tuple[str, bool], list[int]] = OrderedDict()
+        self._templates: OrderedDict[str, ChatTemplate] = OrderedDict()  # requests' own
 
     async def start(self) -> None:
         await asyncio.to_thread(self._load)
@@ -141,12 +143,30 @@ class LocalBackend:
     def _rendered(self, messages: tuple[Message, ...], tools: list[dict[str, Any]] | None,
                   opts: TemplateOptions) -> str:
         assert self.model is not None
-        if opts.kwargs and self.model.jinja is None:
+        own = self._own_template(opts)
+        if own is None and opts.kwargs and self.model.jinja is None:
             raise InvalidRequest("chat_template_kwargs: this model's chat template is "
                                  "llama.cpp's built-in one, which takes no arguments.",
                                  param="chat_template_kwargs")
         return self.model.render_chat(messages, opts.add_generation_prompt, opts.continue_final,
-                                      tools, opts.kwargs)
+                                      tools, opts.kwargs, own)
+
+    def _own_template(self, opts: TemplateOptions) -> ChatTemplate | None:
+        """The request's own chat template, compiled (the last few are kept), where this
+        model trusts one (vLLM's --trust-request-chat-template); else a 400."""
+        if opts.template is None:
+            return None
+        assert self.model is not None
+        if not self.cfg.trust_request_chat_template:
+            raise InvalidRequest("Chat template is passed with request, but this model does "
+                                 "not trust request templates (trust_request_chat_template "
+                                 "in its config).", param="chat_template")
+        own = self._templates.get(opts.template)
+        if own is None:
+            own = self._templates[opts.template] = self.model.compile_template(opts.template)
+            if len(self._templates) > 16:
+                self._templates.popitem(last=False)
+        return own
 
     def chat_text(self, request: GenerationRequest) -> str:
         """What /apply-template answers: a chat's prompt as this model's engine renders it
@@ -235,7 +255,9 @@ class LocalBackend:
 
     def _prepare(self, request: GenerationRequest) -> Prepared:
         assert self.model is not None
-        return prepare(request, self.model.n_vocab, self.model.renders_tools)
+        own = self._own_template(template_options(request)) if request.messages else None
+        native = own.renders_tools if own is not None else self.model.renders_tools
+        return prepare(request, self.model.n_vocab, native)
 
     def _ids(self, ids: tuple[int, ...]) -> list[int]:
         """A prompt of token ids, each in this model's vocabulary."""

@@ -43,11 +43,13 @@ class Prepared:
 class TemplateOptions:
     """vLLM's chat-template fields: the assistant's turn opened (`add_generation_prompt`),
     or the final message continued (`continue_final_message`), and the template's own
-    keyword arguments (`chat_template_kwargs`, such as Qwen3's `enable_thinking`)."""
+    keyword arguments (`chat_template_kwargs`, such as Qwen3's `enable_thinking`), and a
+    template of the request's own (`chat_template`), where the model trusts one."""
 
     add_generation_prompt: bool = True
     continue_final: bool = False
     kwargs: dict[str, Any] | None = None
+    template: str | None = None
 
 
 def template_options(request: GenerationRequest) -> TemplateOptions:
@@ -58,11 +60,15 @@ def template_options(request: GenerationRequest) -> TemplateOptions:
     if kwargs is not None and not isinstance(kwargs, dict):
         raise InvalidRequest("chat_template_kwargs must be an object.",
                              param="chat_template_kwargs")
+    template = x.get("chat_template")
+    if template is not None and not isinstance(template, str):
+        raise InvalidRequest("chat_template must be a string (Jinja).", param="chat_template")
     out = TemplateOptions(_flag(x, "add_generation_prompt", True),
-                          _flag(x, "continue_final_message", False), kwargs or None)
+                          _flag(x, "continue_final_message", False), kwargs or None,
+                          template or None)
     if request.messages is None and out != TemplateOptions():
-        name = ("chat_template_kwargs" if out.kwargs else "continue_final_message"
-                if out.continue_final else "add_generation_prompt")
+        name = ("chat_template" if out.template else "chat_template_kwargs" if out.kwargs
+                else "continue_final_message" if out.continue_final else "add_generation_prompt")
         raise InvalidRequest(f"{name}: a text completion has no chat template.", param=name)
     return out
 

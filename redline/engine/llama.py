@@ -93,6 +93,16 @@ class LlamaModel:
             return ""
         return token_piece(self.vocab, token, special=True).decode("utf-8", errors="replace")
 
+    def compile_template(self, source: str) -> ChatTemplate:
+        """A request's own chat template (`chat_template`), with this model's tokens; a 400
+        where it does not compile."""
+        try:
+            return ChatTemplate(source, self.special_text(self.bos),
+                                self.special_text(ll.llama_vocab_eos(self.vocab)))
+        except jinja2.TemplateError as exc:
+            raise InvalidRequest(f"chat_template does not compile: {exc}",
+                                 param="chat_template") from exc
+
     @property
     def has_chat_template(self) -> bool:
         return self._template is not None or self.jinja is not None
@@ -131,17 +141,20 @@ class LlamaModel:
 
     def render_chat(self, messages: tuple[Message, ...], add_generation_prompt: bool = True,
                     continue_final: bool = False, tools: list[dict[str, Any]] | None = None,
-                    kwargs: dict[str, Any] | None = None) -> str:
-        """The conversation in the model's chat template, the assistant's turn opened
-        (`add_generation_prompt`), or the final message left open for the model to go on
-        with (`continue_final`: vLLM's `continue_final_message`). `tools` (function specs)
-        and `kwargs` (`chat_template_kwargs`) go to a Jinja template only."""
+                    kwargs: dict[str, Any] | None = None,
+                    template: ChatTemplate | None = None) -> str:
+        """The conversation in the model's chat template (or `template`, a request's own),
+        the assistant's turn opened (`add_generation_prompt`), or the final message left
+        open for the model to go on with (`continue_final`: vLLM's
+        `continue_final_message`). `tools` (function specs) and `kwargs`
+        (`chat_template_kwargs`) go to a Jinja template only."""
         if continue_final and add_generation_prompt:
             raise InvalidRequest("Cannot set both `continue_final_message` and "
                                  "`add_generation_prompt` to true.", param="continue_final_message")
-        if self.jinja is not None:
-            text = self.jinja.render([_as_dict(m) for m in messages], add_generation_prompt,
-                                     tools, kwargs)
+        jinja = template or self.jinja
+        if jinja is not None:
+            text = jinja.render([_as_dict(m) for m in messages], add_generation_prompt,
+                                tools, kwargs)
         else:
             if tools:
                 raise AssertionError("tools go to a template that renders them")
