@@ -327,7 +327,8 @@ class GenerationRequest:
         # a top-level null is a field not sent; an empty object may mean something here
         # (`web_search_options: {}` turns search on), so only DEFAULTS' values say nothing
         out = [k for k, v in self.extra.items() if k not in HINTS and k not in GUIDED
-               and k not in TEMPLATE_FIELDS and v is not None
+               and k not in TEMPLATE_FIELDS and not (k == "echo" and self.is_chat)
+               and v is not None
                and not any(v == d and type(v) is type(d) for d in DEFAULTS.get(k, ()))]
         outputs = self.extra.get("structured_outputs")
         if isinstance(outputs, dict):  # what of it the grammar does not serve (regex, ...)

@@ -77,7 +77,7 @@ def test_what_the_engine_does_not_serve_is_a_400(smol_server: Any, extra: dict[s
 
 @pytest.mark.parametrize(("extra", "param"), [
     ({"service_tier": "flex"}, "service_tier"),
-    ({"modalities": ["text", "audio"]}, "modalities"), ({"echo": True}, "echo"),
+    ({"modalities": ["text", "audio"]}, "modalities"), ({"echo": "yes"}, "echo"),
     ({"skip_special_tokens": False}, "skip_special_tokens"),
     ({"stop_token_ids": [10 ** 7]}, "stop_token_ids"), ({"min_tokens": 9}, "min_tokens"),
     # an empty object is no default everywhere: this one turns search on
@@ -472,6 +472,17 @@ def test_the_model_template_and_vllms_template_fields(smol_server: Any) -> None:
     # greedy: the same prefix goes on as the whole answer went on
     assert (start + rest)[:len(text)] == text[:len(start + rest)]
     assert len(rest) > 0
+    # vLLM's echo: the whole message, the client's part and the model's, streamed too
+    body: Any = {"model": SMOL, "messages": partial, "max_tokens": 24, "temperature": 0,
+                 "extra_body": {"cache": False, "continue_final_message": True,
+                                "add_generation_prompt": False, "echo": True}}
+    assert c.chat.completions.create(**body).choices[0].message.content == start + rest
+    streamed = "".join(ch.choices[0].delta.content or "" for ch in
+                       c.chat.completions.create(**body, stream=True) if ch.choices)
+    assert streamed == start + rest
+    asked = c.chat.completions.create(model=SMOL, messages=COUNT, max_tokens=24, temperature=0,
+                                      extra_body={"cache": False, "echo": True})
+    assert asked.choices[0].message.content == text  # the last message is the user's
 
 
 @pytest.mark.parametrize(("extra", "param"), [

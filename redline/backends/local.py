@@ -15,6 +15,7 @@ from redline.backends.local_choices import merged
 from redline.backends.local_features import (
     Prepared,
     TemplateOptions,
+    chat_echo,
     named_as_sent,
     prepare,
     template_options,
@@ -233,6 +234,7 @@ class LocalBackend:
         if request.echo:
             texts = ([self.text_of(list(ids))[0] for ids in request.prompt_ids]
                      if request.prompt_ids else request.prompts or (request.prompt or "",))
+        head = chat_echo(request)
         predicted = None if not request.prediction else model.tokenize(
             request.prediction, add_special=False, parse_special=False)
 
@@ -244,6 +246,8 @@ class LocalBackend:
                 chunks = with_tool_calls(chunks, ToolCallParser(request.tools))
             if request.echo:
                 chunks = echoed(chunks, texts[index // n], model.piece(tokens[0]))
+            elif head is not None:
+                chunks = echoed(chunks, head, b"")
             return chunks
 
         choices = n * len(prompts)

@@ -73,6 +73,19 @@ def template_options(request: GenerationRequest) -> TemplateOptions:
     return out
 
 
+def chat_echo(request: GenerationRequest) -> str | None:
+    """vLLM's `echo` on a chat: the answer starts with the last message's text where that
+    message has the answer's role (the assistant's; with `add_generation_prompt: false`,
+    the last message's own), as vLLM gives it: with `continue_final_message`, the whole
+    message, the client's part and the model's. None: nothing to echo."""
+    if request.messages is None or not _flag(request.extra, "echo", False) \
+            or not request.messages:
+        return None
+    last = request.messages[-1]
+    role = "assistant" if template_options(request).add_generation_prompt else last.role
+    return last.content if last.role == role else None
+
+
 def _flag(extra: Any, name: str, default: bool) -> bool:
     value = extra.get(name)
     if value is None:
