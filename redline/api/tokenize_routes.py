@@ -118,6 +118,18 @@ async def forward(services: Services, name: str, path: str, body: dict[str, Any]
     return Response(r.content, status_code=r.status_code, media_type="application/json")
 
 
+async def _embedded(request: Request, path: str) -> tuple[dict[str, Any], LocalBackend] | Response:
+    """The body and the embedded engine of the model it names; for a remote model, its
+    engine's own answer at `path`."""
+    services = services_of(request.app)
+    body = await read_json(request)
+    name = await counted_model(services, request, body)
+    backend = local_backend(services, name)
+    if backend is None:
+        return await forward(services, name, path, body)
+    return body, backend
+
+
 def _flag(body: dict[str, Any], key: str, default: bool) -> bool:
     value = body.pop(key, default)
     if not isinstance(value, bool):
@@ -127,12 +139,10 @@ def _flag(body: dict[str, Any], key: str, default: bool) -> bool:
 
 @router.post("/tokenize", response_model=None)
 async def tokenize(request: Request) -> Response:
-    services = services_of(request.app)
-    body = await read_json(request)
-    name = await counted_model(services, request, body)
-    backend = local_backend(services, name)
-    if backend is None:
-        return await forward(services, name, "/tokenize", body)
+    got = await _embedded(request, "/tokenize")
+    if isinstance(got, Response):
+        return got
+    body, backend = got
     chat = "messages" in body
     special = _flag(body, "add_special_tokens", not chat)
     strs = _flag(body, "return_token_strs", False)
@@ -159,12 +169,10 @@ async def apply_template(request: Request) -> Response:
     """llama.cpp's server's /apply-template: a chat body's prompt as the model's template
     renders it (`{"prompt"}`), to see what the model is sent. A remote model's engine
     answers it where it has one (llama.cpp's server does; vLLM's does not: a 400)."""
-    services = services_of(request.app)
-    body = await read_json(request)
-    name = await counted_model(services, request, body)
-    backend = local_backend(services, name)
-    if backend is None:
-        return await forward(services, name, "/apply-template", body)
+    got = await _embedded(request, "/apply-template")
+    if isinstance(got, Response):
+        return got
+    body, backend = got
     if "messages" not in body:
         raise InvalidRequest("messages is required.", param="messages")
     gen = validated(ChatCompletionRequest, body).to_generation(None, "anonymous")
@@ -174,12 +182,10 @@ async def apply_template(request: Request) -> Response:
 
 @router.post("/detokenize", response_model=None)
 async def detokenize(request: Request) -> Response:
-    services = services_of(request.app)
-    body = await read_json(request)
-    name = await counted_model(services, request, body)
-    backend = local_backend(services, name)
-    if backend is None:
-        return await forward(services, name, "/detokenize", body)
+    got = await _embedded(request, "/detokenize")
+    if isinstance(got, Response):
+        return got
+    body, backend = got
     parsed = validated(DetokenizeRequest, body)
     text, _ = backend.text_of(parsed.tokens, special=True)
     return Response(orjson.dumps({"prompt": text}), media_type="application/json")
