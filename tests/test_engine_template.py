@@ -220,3 +220,32 @@ async def test_a_request_template_only_where_the_model_trusts_it() -> None:
             assert exc.value.param == "chat_template"
         finally:
             await backend.close()
+
+
+async def test_a_moved_chat_stream_finishes_on_an_embedded_engine() -> None:
+    """A chat stream whose replica died goes on elsewhere as a continuation
+    (backends/continuation.py, `continue_final_message`, the default for every model now):
+    on the embedded engine the rest of a greedy answer is what the whole answer had."""
+    from pathlib import Path
+
+    from redline.backends.continuation import continuation
+    from redline.backends.local import LocalBackend
+    from redline.config import ModelConfig
+    from redline.types import GenerationRequest, SamplingParams
+
+    cfg = ModelConfig(name="s", bundled="smollm2-135m-instruct", warmup=False, n_seq_max=2,
+                      n_ctx=256)
+    backend = LocalBackend(cfg, Path(".redline/models"))
+    await backend.start()
+    try:
+        req = GenerationRequest(model="s", messages=(Message(
+            "user", "List the numbers from 1 to 10, separated by commas."),),
+            sampling=SamplingParams(max_tokens=24, temperature=0.0))
+        whole = "".join([c.text async for c in backend.stream(req)])
+        sent = whole[:whole.index(",", whole.index(",") + 1) + 1]  # what the client had
+        assert 0 < len(sent) < len(whole)
+        moved = continuation(req, sent, 4, "continue_final_message")
+        rest = "".join([c.text async for c in backend.stream(moved)])
+    finally:
+        await backend.close()
+    assert rest and (sent + rest)[:len(whole)] == whole[:len(sent + rest)]
