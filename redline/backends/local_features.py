@@ -20,14 +20,7 @@ from redline.engine import regex
 from redline.engine.grammar import JSON_OBJECT, schema_grammar
 from redline.engine.tools import ToolCallParser, grammar, lazy_grammar, offered, render, specs
 from redline.errors import InvalidRequest
-from redline.types import (
-    GUIDED,
-    GUIDED_KINDS,
-    Chunk,
-    GenerationRequest,
-    Message,
-    SamplingParams,
-)
+from redline.types import GUIDED, GUIDED_KINDS, Chunk, GenerationRequest, Message, SamplingParams
 
 
 @dataclass(frozen=True)

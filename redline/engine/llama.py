@@ -80,9 +80,7 @@ class LlamaModel:
         tmpl = ll.llama_model_chat_template(self.model, None)
         if tmpl and choice == "auto":
             try:
-                self.jinja = ChatTemplate(tmpl.decode("utf-8", errors="replace"),
-                                          self.special_text(ll.llama_vocab_bos(self.vocab)),
-                                          self.special_text(ll.llama_vocab_eos(self.vocab)))
+                self.jinja = self._compiled(tmpl.decode("utf-8", errors="replace"))
             except jinja2.TemplateError:  # not Jinja that compiles: the built-in one renders
                 self.jinja = None
         return tmpl if tmpl else None
@@ -97,11 +95,16 @@ class LlamaModel:
         """A request's own chat template (`chat_template`), with this model's tokens; a 400
         where it does not compile."""
         try:
-            return ChatTemplate(source, self.special_text(self.bos),
-                                self.special_text(ll.llama_vocab_eos(self.vocab)))
+            return self._compiled(source)
         except jinja2.TemplateError as exc:
             raise InvalidRequest(f"chat_template does not compile: {exc}",
                                  param="chat_template") from exc
+
+    def _compiled(self, source: str) -> ChatTemplate:
+        """`source` compiled with this model's BOS and EOS text (TemplateError if it does
+        not compile)."""
+        return ChatTemplate(source, self.special_text(ll.llama_vocab_bos(self.vocab)),
+                            self.special_text(ll.llama_vocab_eos(self.vocab)))
 
     @property
     def has_chat_template(self) -> bool:
