@@ -7,7 +7,7 @@ import asyncio
 import pytest
 
 from redline.engine.host_cache import MIN_NEW_TOKENS, HostCache
-from redline.engine.scheduler import KVOps, Scheduler, common_prefix
+from redline.engine.scheduler import BUSY_IDLE_S, KVOps, Scheduler, common_prefix
 from redline.engine.sequence import SeqState, Sequence
 from redline.types import SamplingParams
 
@@ -446,3 +446,51 @@ def test_reusable_counts_what_placement_reuses(loop):
     s.add(c)
     s.schedule()
     assert c.reused == 90 and c.slot == a.slot
+
+
+def test_while_a_sequence_decodes_free_slots_keep_no_cells_past_the_busy_bound(loop):
+    """Every decode step attends over all the cells in use: while anyone decodes, a free
+    slot's cells go to the host cache once the slot has been free BUSY_IDLE_S (the same
+    client's next request reuses them in place before that), and an idle engine keeps them."""
+    host = HostCache(capacity_bytes=1 << 30)
+    s = Scheduler(n_seq_max=3, n_batch=512, host=host, busy_cells=0)
+    system = list(range(1000, 1100))
+    a = make(loop, system + list(range(1, 60)), "a")
+    s.add(a)
+    finish_after_prefill(s, a)
+    # nobody decodes: a's cells stay, and a newcomer takes what it shares with them
+    b = make(loop, system + list(range(200, 320)), "b")  # less than half shared
+    s.add(b)
+    first = s.schedule()
+    assert not first.kv.saves and (a.slot, 0) not in first.kv.removals
+    assert b.reused == len(system) and b.slot != a.slot  # copied from a's slot
+    s.commit(first)
+    for q, _ in first.samplers:
+        q.output.append(7)
+    assert not b.in_prefill
+    # b decodes now; a's slot was freed just now: kept a moment for a quick comeback
+    assert not s.schedule().kv.removals
+    s.slots[a.slot].last_used -= BUSY_IDLE_S  # ... and now it has been free long enough
+    batch = s.schedule()
+    assert batch.kv.saves == [(a.slot, system + list(range(1, 60)))]
+    assert (a.slot, 0) in batch.kv.removals and s.slots[a.slot].tokens == []
+    assert s.cached_cells() == 0
+    # the engine goes idle: b's cells stay for the next request, whatever their age
+    s.commit(batch)
+    s.finish(b)
+    s.slots[b.slot].last_used -= 10 * BUSY_IDLE_S
+    assert not s.schedule().kv.removals
+    assert s.cached_cells() == len(s.slots[b.slot].tokens) > len(system)
+
+
+def test_without_a_busy_bound_free_slots_keep_their_cells_while_others_decode(loop):
+    s = Scheduler(n_seq_max=3, n_batch=512)
+    a = make(loop, range(100), "a")
+    s.add(a)
+    finish_after_prefill(s, a)
+    s.slots[a.slot].last_used -= 10 * BUSY_IDLE_S
+    b = make(loop, range(500, 600), "b")
+    s.add(b)
+    for _ in range(3):
+        run_step(s)
+    assert not b.in_prefill and s.cached_cells() == 100

@@ -68,7 +68,8 @@ class LocalBackend:
                              tiers=cfg.scheduling == "priority", prefill_slack=cfg.prefill_slack,
                              prefill_floor=cfg.prefill_floor_tokens,
                              speculative=self._speculative(),
-                             host_cache_bytes=cfg.host_cache_mb << 20)
+                             host_cache_bytes=cfg.host_cache_mb << 20,
+                             busy_cells=cfg.prefix_cache_tokens_decoding)
 
     def _speculative(self) -> NgramSettings | None:
         s = self.cfg.speculative

@@ -47,7 +47,8 @@ class Engine:
                  n_threads: int, prefix_reuse: bool = True, arbiter: StepArbiter | None = None,
                  name: str = "engine", cache_cells: int | None = None, tiers: bool = True,
                  prefill_slack: float | None = 0.5, prefill_floor: int = FLOOR,
-                 speculative: NgramSettings | None = None, host_cache_bytes: int = 0) -> None:
+                 speculative: NgramSettings | None = None, host_cache_bytes: int = 0,
+                 busy_cells: int | None = None) -> None:
         self.model = model
         self.n_ctx_per_seq = n_ctx_per_seq
         self.runner = LlamaRunner(model, n_ctx_per_seq, n_seq_max, n_batch, n_threads)
@@ -56,7 +57,7 @@ class Engine:
         self.host = HostCache(host_cache_bytes) if host_cache_bytes > 0 and prefix_reuse else None
         self.scheduler = Scheduler(n_seq_max, n_batch, prefix_reuse, cache_cells, tiers,
                                    PrefillBudget(n_batch, prefill_slack, prefill_floor),
-                                   speculative, self.host)
+                                   speculative, self.host, busy_cells)
         self.forecast = Forecast(n_seq_max, self.scheduler.budget)
         self.scheduler.step_cost = self.forecast.step_s  # how streams nobody reads ride
         self._inbox: list[Sequence] = []

@@ -150,6 +150,9 @@ class ScheduledBatch:
 MIN_WAIT_PREFIX = 32
 # a host cache entry is copied back only when it holds this many more tokens of the prompt
 MIN_RESTORE = 32
+# while sequences decode, a freed slot keeps its cells this long past `busy_cells`: the
+# same client's next request (or a burst's) comes within it and reuses them in place
+BUSY_IDLE_S = 0.05
 # prompt tokens a step computes for a sequence that scores its prompt: each keeps a row of
 # logits (a vocabulary's floats), which llama.cpp's output buffer then holds
 SCORED_ROWS = 64
@@ -159,11 +162,15 @@ class Scheduler:
     def __init__(self, n_seq_max: int, n_batch: int, prefix_reuse: bool = True,
                  cache_cells: int | None = None, tiers: bool = True,
                  budget: PrefillBudget | None = None,
-                 drafter: NgramSettings | None = None, host: HostCache | None = None) -> None:
+                 drafter: NgramSettings | None = None, host: HostCache | None = None,
+                 busy_cells: int | None = None) -> None:
         self.slots = [Slot(i) for i in range(n_seq_max)]
         self.n_batch = n_batch
         self.prefix_reuse = prefix_reuse
         self.cache_cells = cache_cells  # cells free slots may keep for reuse; None: no bound
+        # the same while a sequence decodes: each decode step attends over every cell in
+        # use, so idle slots' cells slow it (None: cache_cells again)
+        self.busy_cells = busy_cells
         self.tiers = tiers  # False: first come, first served (unread streams still yield)
         self.budget = budget or PrefillBudget(n_batch)
         self.evictions = 0
@@ -208,9 +215,14 @@ class Scheduler:
         fed: list[tuple[Sequence, list[int]]] = []
         kv = KVOps([("remove", r) for r in self._rollbacks])  # a rejected draft's cells first
         self._rollbacks = []
-        self._trim(kv)
+        self._trim(kv, self.cache_cells)
         # 1. admit waiting sequences, best first, while a slot is free or one yields
         self._admit(kv)
+        # a newcomer has taken what it reuses: while anyone decodes, free slots keep at
+        # most `busy_cells` (the rest to the host cache); a prompt's own first step waits
+        # for nobody's copy, and an idle engine keeps them all for the next request
+        if self.busy_cells is not None and any(not q.in_prefill for q in self.running):
+            self._trim(kv, self.busy_cells, time.perf_counter() - BUSY_IDLE_S)
         # 2. decode: one token for each sequence past its prompt, and its draft if any;
         # streams nobody reads pause while a read one runs its prompt, and otherwise
         # ride as cost allows (see the module's docstring)
@@ -487,21 +499,23 @@ class Scheduler:
         """Cells that free slots keep for prefix reuse."""
         return sum(len(s.tokens) for s in self.slots if s.owner is None)
 
-    def _trim(self, kv: KVOps) -> None:
-        """Keep free slots' cached prefixes within `cache_cells`, forgetting the oldest."""
-        if self.cache_cells is None:
+    def _trim(self, kv: KVOps, bound: int | None, before: float | None = None) -> None:
+        """Keep free slots' cached prefixes within `bound` cells, forgetting the oldest
+        (only slots freed before `before`, if given)."""
+        if bound is None:
             return
-        while self.cached_cells() > self.cache_cells:
-            seq_id = self.evict_oldest(kv)
+        while self.cached_cells() > bound:
+            seq_id = self.evict_oldest(kv, before)
             if seq_id is None:
                 return
             kv.remove(seq_id, 0)
 
-    def evict_oldest(self, kv: KVOps) -> int | None:
+    def evict_oldest(self, kv: KVOps, before: float | None = None) -> int | None:
         """Forget the cached prefix of the free slot used longest ago (after `kv.saves`
         copies it to the host cache, if worth it); its seq id, or None when no free slot
-        holds any. The caller removes its cells."""
-        held = [s for s in self.slots if s.owner is None and s.tokens]
+        (freed before `before`, if given) holds any. The caller removes its cells."""
+        held = [s for s in self.slots if s.owner is None and s.tokens
+                and (before is None or s.last_used <= before)]
         if not held:
             return None
         slot = min(held, key=lambda s: s.last_used)
