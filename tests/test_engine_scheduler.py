@@ -494,3 +494,21 @@ def test_without_a_busy_bound_free_slots_keep_their_cells_while_others_decode(lo
     for _ in range(3):
         run_step(s)
     assert not b.in_prefill and s.cached_cells() == 100
+
+
+def test_with_most_slots_busy_a_free_slot_keeps_its_cells_for_the_next_arrival(loop):
+    """Under load a freed slot is taken again within a step or two: trimming it would only
+    cost a copy to the host cache and the newcomer's in-place reuse."""
+    host = HostCache(capacity_bytes=1 << 30)
+    s = Scheduler(n_seq_max=3, n_batch=512, host=host, busy_cells=0)
+    a = make(loop, range(100), "a")
+    s.add(a)
+    finish_after_prefill(s, a)
+    s.slots[a.slot].last_used -= 10 * BUSY_IDLE_S
+    b, c = make(loop, range(500, 600), "b"), make(loop, range(700, 800), "c")
+    s.add(b)
+    s.add(c)
+    for _ in range(3):
+        batch = run_step(s)
+        assert not batch.kv.saves
+    assert not b.in_prefill and not c.in_prefill and s.cached_cells() == 100

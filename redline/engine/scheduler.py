@@ -220,8 +220,10 @@ class Scheduler:
         self._admit(kv)
         # a newcomer has taken what it reuses: while anyone decodes, free slots keep at
         # most `busy_cells` (the rest to the host cache); a prompt's own first step waits
-        # for nobody's copy, and an idle engine keeps them all for the next request
-        if self.busy_cells is not None and any(not q.in_prefill for q in self.running):
+        # for nobody's copy, and an idle engine keeps them all for the next request. With
+        # most slots busy, a freed slot is taken again soon: it keeps its cells then
+        if self.busy_cells is not None and 2 * len(self.running) <= len(self.slots) \
+                and any(not q.in_prefill for q in self.running):
             self._trim(kv, self.busy_cells, time.perf_counter() - BUSY_IDLE_S)
         # 2. decode: one token for each sequence past its prompt, and its draft if any;
         # streams nobody reads pause while a read one runs its prompt, and otherwise
