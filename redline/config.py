@@ -161,12 +161,13 @@ class ModelConfig(_Section):
         "identical greedy requests may get different answers more often (the KV layout changes "
         "the attention's float sums)")
     prefix_cache_tokens_decoding: int | None = Field(
-        0, ge=0, description="the same bound while sequences decode in at most half the "
-        "slots: a slot free for 50 ms gives its cells past it to the host cache, from which a "
-        "prompt that wants them copies them back (1.6 ms for 600 tokens). Idle cells slow "
-        "every decode step (2,100 of them: one stream 7-12 % slower here); an idle engine "
-        "keeps them for the next request, and with most slots busy a freed slot is taken "
-        "again soon. None: prefix_cache_tokens")
+        0, ge=0, description="the same bound when a newcomer has taken what it reuses and "
+        "while sequences decode, if they hold at most half the slots: a slot free for 50 ms "
+        "gives its cells past it to the host cache (the idle engine has copied them there "
+        "already), from which a prompt that wants them copies them back (1.6 ms for 600 "
+        "tokens). Idle cells slow every decode step (2,100 of them: one stream 7-12 % slower "
+        "here); an idle engine keeps them for the next request, and with most slots busy a "
+        "freed slot is taken again soon. None: prefix_cache_tokens")
     host_cache_mb: int = Field(
         1024, ge=0, description="host memory for prompts' KV state that the KV cells let go "
         "(past prefix_cache_tokens): a prompt that shares a longer prefix with a saved one is "

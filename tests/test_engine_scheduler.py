@@ -512,3 +512,26 @@ def test_with_most_slots_busy_a_free_slot_keeps_its_cells_for_the_next_arrival(l
         batch = run_step(s)
         assert not batch.kv.saves
     assert not b.in_prefill and not c.in_prefill and s.cached_cells() == 100
+
+
+def test_a_newcomer_sees_the_same_cells_in_every_step_and_the_idle_engine_copies_first(loop):
+    """Free slots past the busy bound are trimmed in the newcomer's own first step (after
+    it took what it reuses), not halfway through its answer: identical greedy requests one
+    after another then see the same KV layout. The idle engine copies free slots to the
+    host cache beforehand, so that trim is a removal, not a copy on the first token's path."""
+    host = HostCache(capacity_bytes=1 << 30)
+    s = Scheduler(n_seq_max=3, n_batch=512, host=host, busy_cells=0)
+    old = make(loop, range(300, 400), "old")
+    s.add(old)
+    finish_after_prefill(s, old)
+    (seq_id, tokens), = s.idle_save()
+    assert seq_id == old.slot and tokens == list(range(300, 400))
+    host.put(tokens, "state of old", 1)  # what the engine does with it
+    assert s.idle_save() == [] and s.slots[old.slot].tokens  # once; the cells stay
+    s.slots[old.slot].last_used -= BUSY_IDLE_S
+    a = make(loop, range(100), "a")
+    s.add(a)
+    first = s.schedule()
+    assert [e.token for e in first.entries] == list(range(100))  # a's prompt, this step
+    assert (old.slot, 0) in first.kv.removals and not first.kv.saves
+    assert s.cached_cells() == 0

@@ -163,14 +163,22 @@ class Engine:
     def _loop(self) -> None:
         try:
             while True:
+                saves: list[tuple[int, list[int]]] = []
                 with self._wake:
                     while not (self._stop or self._inbox or self.scheduler.has_work()):
+                        saves = self.scheduler.idle_save()  # idle: copy a free slot out
+                        if saves:
+                            break
                         self._wake.wait()
-                    if self._stop:
-                        break
-                    for seq in self._inbox:
-                        self.scheduler.add(seq)
-                    self._inbox.clear()
+                    if not saves:
+                        if self._stop:
+                            break
+                        for seq in self._inbox:
+                            self.scheduler.add(seq)
+                        self._inbox.clear()
+                if saves:
+                    self._save(saves)
+                    continue
                 self._drop_cancelled()
                 if self.scheduler.has_work():
                     with self.arbiter.turn(self._member):

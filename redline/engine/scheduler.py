@@ -75,6 +75,7 @@ class Slot:
     tokens: list[int] = field(default_factory=list)  # what its KV holds, in order
     owner: Sequence | None = None
     last_used: float = 0.0
+    saved: int = 0  # len(tokens) when `idle_save` last looked at them
 
 
 @dataclass(frozen=True)
@@ -217,13 +218,16 @@ class Scheduler:
         self._rollbacks = []
         self._trim(kv, self.cache_cells)
         # 1. admit waiting sequences, best first, while a slot is free or one yields
+        waited = len(self.waiting)
         self._admit(kv)
-        # a newcomer has taken what it reuses: while anyone decodes, free slots keep at
-        # most `busy_cells` (the rest to the host cache); a prompt's own first step waits
-        # for nobody's copy, and an idle engine keeps them all for the next request. With
-        # most slots busy, a freed slot is taken again soon: it keeps its cells then
+        # a newcomer has taken what it reuses: now, and while anyone decodes, free slots
+        # keep at most `busy_cells` (the rest to the host cache, where the idle engine
+        # has copied them already: `idle_save`). An idle engine keeps them for the next
+        # request, and the newcomer's steps all see the same cells (identical greedy
+        # requests one after another get identical answers). With most slots busy, a
+        # freed slot is taken again soon: it keeps its cells then
         if self.busy_cells is not None and 2 * len(self.running) <= len(self.slots) \
-                and any(not q.in_prefill for q in self.running):
+                and (len(self.waiting) < waited or any(not q.in_prefill for q in self.running)):
             self._trim(kv, self.busy_cells, time.perf_counter() - BUSY_IDLE_S)
         # 2. decode: one token for each sequence past its prompt, and its draft if any;
         # streams nobody reads pause while a read one runs its prompt, and otherwise
@@ -496,6 +500,20 @@ class Scheduler:
         if self.host is not None and held < limit - MIN_RESTORE:  # else none is restored
             held = max(held, self.host.best(context, limit)[1])
         return held
+
+    def idle_save(self) -> list[tuple[int, list[int]]]:
+        """For an idle engine: one free slot's cells to copy to the host cache now (they
+        stay in the slot too), so that trimming them later is a removal, not a copy on
+        a newcomer's first step; [] when nothing is left worth copying."""
+        if self.host is None or self.busy_cells is None:
+            return []
+        for slot in self.slots:
+            if slot.owner is None and slot.saved != len(slot.tokens) \
+                    and len(slot.tokens) >= MIN_RESTORE:
+                slot.saved = len(slot.tokens)  # once, whatever the host cache keeps
+                if self.host.wants(slot.tokens):
+                    return [(slot.seq_id, list(slot.tokens))]
+        return []
 
     def cached_cells(self) -> int:
         """Cells that free slots keep for prefix reuse."""
