@@ -508,11 +508,12 @@ class Scheduler:
         if self.host is None or self.busy_cells is None:
             return []
         for slot in self.slots:
-            if slot.owner is None and slot.saved != len(slot.tokens) \
-                    and len(slot.tokens) >= MIN_RESTORE:
+            if slot.owner is None and slot.saved != len(slot.tokens):
                 slot.saved = len(slot.tokens)  # once, whatever the host cache keeps
-                if self.host.wants(slot.tokens):
-                    return [(slot.seq_id, list(slot.tokens))]
+                kv = KVOps()
+                self._keep(slot, 0, kv)  # what a trim would copy: the same rule
+                if kv.saves:
+                    return kv.saves
         return []
 
     def cached_cells(self) -> int:
