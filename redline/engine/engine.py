@@ -48,10 +48,10 @@ class Engine:
                  name: str = "engine", cache_cells: int | None = None, tiers: bool = True,
                  prefill_slack: float | None = 0.5, prefill_floor: int = FLOOR,
                  speculative: NgramSettings | None = None, host_cache_bytes: int = 0,
-                 busy_cells: int | None = None) -> None:
+                 busy_cells: int | None = None, kv_unified: bool = True) -> None:
         self.model = model
         self.n_ctx_per_seq = n_ctx_per_seq
-        self.runner = LlamaRunner(model, n_ctx_per_seq, n_seq_max, n_batch, n_threads)
+        self.runner = LlamaRunner(model, n_ctx_per_seq, n_seq_max, n_batch, n_threads, kv_unified)
         # prefill_slack None: a fixed prefill budget (the rest of the batch every step)
         # prefixes the KV buffer forgets, kept in host memory (none with 0 bytes or no reuse)
         self.host = HostCache(host_cache_bytes) if host_cache_bytes > 0 and prefix_reuse else None

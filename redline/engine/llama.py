@@ -256,10 +256,15 @@ def _bytes_ptr(buf: np.ndarray) -> Any:
 
 class LlamaRunner:
     """One llama.cpp context with `n_seq_max` sequences over one unified KV buffer,
-    so that sequences can share cells (prefix reuse is a metadata copy)."""
+    so that sequences can share cells (prefix reuse is a metadata copy); or, with
+    `kv_unified` False, one KV stream per sequence (config `kv_layout: per_slot`): each
+    attends over its own cells only. llama.cpp then splits a batch into forward passes
+    of consecutive sequence ids with as many tokens each, so `decode` orders the batch by
+    sequence (and maps `logits` indices back), and a copy between sequences copies the
+    whole stream, then drops what was not asked for."""
 
     def __init__(self, model: LlamaModel, n_ctx_per_seq: int, n_seq_max: int, n_batch: int,
-                 n_threads: int) -> None:
+                 n_threads: int, kv_unified: bool = True) -> None:
         self.model = model
         self.n_seq_max = n_seq_max
         self.n_batch = n_batch
@@ -271,7 +276,8 @@ class LlamaRunner:
         threads = n_threads or os.cpu_count() or 1
         params.n_threads = threads
         params.n_threads_batch = threads
-        params.kv_unified = True
+        self.unified = kv_unified
+        params.kv_unified = kv_unified
         params.swa_full = True  # partial removal from SWA caches needs the full cache
         params.no_perf = True
         self.ctx = ll.llama_init_from_model(model.model, params)
@@ -280,10 +286,19 @@ class LlamaRunner:
         self.n_ctx = ll.llama_n_ctx(self.ctx)
         self.mem = ll.llama_get_memory(self.ctx)
         self._batch = ll.llama_batch_init(n_batch, 0, 1)
+        self._row: list[int] | None = None  # per stream: entry index -> its row in the batch
 
     def decode(self, entries: list[BatchEntry]) -> None:
         """Run one forward pass; entries with logits=True can then be sampled by index."""
         b = self._batch
+        self._row = None
+        if not self.unified:  # each sequence's tokens together, sequences in id order
+            order = sorted(range(len(entries)), key=lambda i: entries[i].seq_id)
+            if order != list(range(len(entries))):
+                self._row = [0] * len(entries)
+                for row, i in enumerate(order):
+                    self._row[i] = row
+                entries = [entries[i] for i in order]
         for i, e in enumerate(entries):
             b.token[i] = e.token
             b.pos[i] = e.pos
@@ -298,14 +313,23 @@ class LlamaRunner:
 
     def logits(self, index: int) -> np.ndarray:
         """Logits of batch entry `index`: [n_vocab] float32, a view valid until the next decode."""
-        ptr = ll.llama_get_logits_ith(self.ctx, index)
+        ptr = ll.llama_get_logits_ith(self.ctx, index if self._row is None else self._row[index])
         return np.ctypeslib.as_array(ptr, shape=(self.model.n_vocab,))
 
     def seq_remove(self, seq_id: int, p0: int = -1, p1: int = -1) -> bool:
         return bool(ll.llama_memory_seq_rm(self.mem, seq_id, p0, p1))
 
     def seq_copy(self, src: int, dst: int, p0: int, p1: int) -> None:
-        ll.llama_memory_seq_cp(self.mem, src, dst, p0, p1)
+        if self.unified:
+            ll.llama_memory_seq_cp(self.mem, src, dst, p0, p1)
+            return
+        # between streams llama.cpp copies only whole sequences (anything else aborts the
+        # process): copy all of it into the (empty) destination, then keep [p0, p1)
+        ll.llama_memory_seq_cp(self.mem, src, dst, -1, -1)
+        if p1 >= 0:
+            ll.llama_memory_seq_rm(self.mem, dst, p1, -1)
+        if p0 > 0:
+            ll.llama_memory_seq_rm(self.mem, dst, 0, p0)
 
     def seq_state(self, seq_id: int) -> tuple[np.ndarray, int]:
         """A copy of sequence `seq_id`'s KV state (its cells), and its size in bytes (into
