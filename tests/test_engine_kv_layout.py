@@ -1,19 +1,18 @@
 """`kv_layout: per_slot` on the real bundled SmolLM2: one KV stream per slot, where
 llama.cpp wants each forward pass's sequences in id order and copies only whole
-sequences between streams (engine/llama.py hides both)."""
+sequences between streams (engine/llama.py hides both; the runner's own checks are
+tests/test_engine_model.py's, for both layouts)."""
 
 from __future__ import annotations
 
 import asyncio
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from redline.config import ModelConfig
 from redline.engine.engine import Engine
-from redline.engine.llama import BatchEntry, LlamaModel, LlamaRunner
-from redline.engine.scheduler import common_prefix
+from redline.engine.llama import LlamaModel
 from redline.models import bundled_path
 from redline.types import Message, SamplingParams
 
@@ -35,63 +34,6 @@ def model():
 def chat(model, question, system=None):
     msgs = ((Message("system", system),) if system else ()) + (Message("user", question),)
     return model.tokenize(model.render_chat(msgs), add_special=False)
-
-
-def last_logits(runner, seq_id, tokens, start):
-    entries = [BatchEntry(t, start + i, seq_id, i == len(tokens) - 1) for i, t in enumerate(tokens)]
-    runner.decode(entries)
-    return runner.logits(len(entries) - 1).copy()
-
-
-def test_a_batch_in_any_order_gives_each_entry_its_own_logits(model):
-    """The scheduler lays a step out decode tokens first, then prompt chunks, in slot
-    order of admission: per slot, the runner sorts it by sequence and `logits(i)` still
-    answers for the scheduler's entry i."""
-    runner = LlamaRunner(model, 512, 4, 512, 2, kv_unified=False)
-    try:
-        prompts = [chat(model, q) for q in QUESTIONS[:3]]
-        seqs = [2, 0, 3]  # not in id order, and slot 1 empty
-        entries, last = [], []
-        for sid, p in zip(seqs, prompts, strict=True):
-            entries += [BatchEntry(t, i, sid, i == len(p) - 1) for i, t in enumerate(p)]
-            last.append(len(entries) - 1)
-        runner.decode(entries)
-        together = [runner.logits(i).copy() for i in last]
-        alone = []
-        for p in prompts:
-            runner.seq_remove(1, -1, -1)
-            alone.append(last_logits(runner, 1, p, 0))
-        for a, b in zip(alone, together, strict=True):
-            assert np.abs(a - b).max() < 1.5
-            assert int(a.argmax()) == int(b.argmax())
-        assert np.abs(alone[0] - together[1]).max() > 1.5  # another question is far off
-    finally:
-        runner.close()
-
-
-def test_a_prefix_copied_from_another_slot_matches_a_full_prefill(model):
-    runner = LlamaRunner(model, 1024, 4, 256, 2, kv_unified=False)
-    try:
-        p1 = chat(model, "What is the capital of France?", SYSTEM)
-        p2 = chat(model, "What is the capital of Italy?", SYSTEM)
-        n = common_prefix(p1, p2)
-        assert n > 150
-        full = last_logits(runner, 0, p2, 0)
-        last_logits(runner, 1, p1, 0)
-        runner.seq_copy(1, 2, 0, n)  # a whole-stream copy, then the rest dropped
-        copied = last_logits(runner, 2, p2[n:], n)
-        state, size = runner.seq_state(1)  # the host cache's save and restore
-        assert size > 0 and runner.set_seq_state(3, state, size) and runner.seq_remove(3, n, -1)
-        restored = last_logits(runner, 3, p2[n:], n)
-        for got in (copied, restored):
-            assert np.abs(got - full).max() < 1.5
-            assert int(got.argmax()) == int(full.argmax())
-        runner.seq_remove(2, -1, -1)
-        runner.seq_copy(1, 2, 0, n - 5)  # negative control: the suffix at shifted positions
-        wrong = last_logits(runner, 2, p2[n:], n - 5)
-        assert np.abs(wrong - full).max() > 1.5
-    finally:
-        runner.close()
 
 
 async def test_the_engine_per_slot_answers_as_the_unified_one_and_reuses_prefixes(model):

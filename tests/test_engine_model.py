@@ -64,16 +64,19 @@ async def test_identical_prompts_in_one_batch_give_identical_answers(model):
         engine.close()
 
 
-def test_batched_sequences_do_not_mix(model):
+@pytest.mark.parametrize("unified", [True, False], ids=["unified", "per_slot"])
+def test_batched_sequences_do_not_mix(model, unified):
     """Each sequence in one batch attends only to its own KV: its logits are those of the
     same prompt run alone, within llama.cpp's path noise (its CPU kernels are not
     batch-invariant, so greedy text may flip late at a near-tie). A mix-up between
-    sequences is far outside that noise, as the different questions show."""
-    runner = LlamaRunner(model, 512, 8, 512, 2)
+    sequences is far outside that noise, as the different questions show. The sequences
+    are not in id order: per slot (`kv_layout: per_slot`) the runner sorts the batch for
+    llama.cpp and `logits(i)` still answers for entry i."""
+    runner = LlamaRunner(model, 512, 8, 512, 2, kv_unified=unified)
     try:
         prompts = [chat(model, q) for q in QUESTIONS]
         entries, last = [], []
-        for sid, p in enumerate(prompts):
+        for sid, p in zip([5, 0, 3, 1, 4, 2], prompts, strict=True):
             entries += [BatchEntry(t, i, sid, i == len(p) - 1) for i, t in enumerate(p)]
             last.append(len(entries) - 1)
         runner.decode(entries)
@@ -96,13 +99,15 @@ def _last_logits(runner, seq_id, tokens, start):
     return runner.logits(len(entries) - 1).copy()
 
 
-def test_prefix_reuse_logits_match_a_full_prefill(model):
+@pytest.mark.parametrize("unified", [True, False], ids=["unified", "per_slot"])
+def test_prefix_reuse_logits_match_a_full_prefill(model, unified):
     """KV copied from a cached prefix (kept in its slot, copied from another, or saved to
     host memory and restored) gives the logits a full prefill gives, within the
     noise between llama.cpp's own computation paths (~0.7 here: decode vs prefill kernels,
     flash-attention accumulation order). A wrong reuse (positions or cells off) is far
-    outside it — the negative control below shows the test can fail."""
-    runner = LlamaRunner(model, 1024, 4, 256, 2)
+    outside it — the negative control below shows the test can fail. Per slot, a copy
+    between slots is a whole-stream copy, then trimmed (llama.cpp copies nothing less)."""
+    runner = LlamaRunner(model, 1024, 4, 256, 2, kv_unified=unified)
     try:
         p1 = chat(model, "What is the capital of France?", SYSTEM)
         p2 = chat(model, "What is the capital of Italy?", SYSTEM)
