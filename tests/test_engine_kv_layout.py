@@ -77,3 +77,21 @@ def test_the_layout_is_a_model_setting():
         == "per_slot"
     with pytest.raises(ValueError):
         ModelConfig(name="m", bundled="smollm2-135m-instruct", kv_layout="paged")
+
+
+async def test_the_model_setting_reaches_the_engine_and_it_serves():
+    from redline.backends.local import LocalBackend
+    from redline.types import GenerationRequest
+
+    backend = LocalBackend(ModelConfig(name="smol", bundled="smollm2-135m-instruct", n_threads=2,
+                                       n_seq_max=2, n_ctx=1024, kv_layout="per_slot"),
+                           Path(".redline/models"))
+    await backend.start()  # warm-up runs on the per-slot context too
+    try:
+        assert backend.engine is not None and not backend.engine.runner.unified
+        req = GenerationRequest(model="smol", messages=(Message("user", "Name three colours."),),
+                                sampling=SamplingParams(max_tokens=8, temperature=0.0))
+        text = "".join([c.text async for c in backend.stream(req)])
+        assert text.strip()
+    finally:
+        await backend.close()
