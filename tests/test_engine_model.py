@@ -136,9 +136,13 @@ def test_prefix_reuse_logits_match_a_full_prefill(model, unified):
         runner.close()
 
 
-async def test_engine_reuses_the_shared_system_prompt(model):
+@pytest.mark.parametrize("unified", [True, False], ids=["unified", "per_slot"])
+async def test_engine_reuses_the_shared_system_prompt(model, unified):
+    """Per slot (`kv_layout: per_slot`) too: a prefix copied between slots is a
+    whole-stream copy, and steps mix several slots' streams."""
     plain = make_engine(model, prefix_reuse=False)
-    reuse = make_engine(model, prefix_reuse=True)
+    reuse = make_engine(model, prefix_reuse=True, kv_unified=unified)
+    assert reuse.runner.unified is unified
     first = SamplingParams(max_tokens=4, temperature=0.0)
     reused: list[int] = []
     orig = reuse.scheduler._place
