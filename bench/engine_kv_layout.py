@@ -9,7 +9,8 @@ long prompts at several streams (`bench/engine_peer.py --workloads long`) that i
 of a step. Each round, for each layout (alternating which goes first), one sequence
 holds `--own` cells and measures a `--chunk`-token prompt chunk and a one-token decode,
 first alone, then with the `--others` other sequences holding `--held` cells each; then
-all of them decode one token together.
+all of them decode one token together, then every other one (with one KV stream per
+sequence, with and without the runner's throwaway tokens between them).
 
     .venv/bin/python bench/engine_kv_layout.py                  # 7 others x 1,600 cells
     .venv/bin/python bench/engine_kv_layout.py --held 300 --rounds 5
@@ -61,6 +62,18 @@ def measure(r: LlamaRunner, args: argparse.Namespace) -> dict[str, float]:
     every = [BatchEntry(500, own, 0, True)] + [BatchEntry(500, args.held, s, True)
                                                 for s in range(1, args.others + 1)]
     out["all decode together"] = min(timed(r, every) for _ in range(3))
+    # every other slot decoding (slots freed and taken again leave holes): per sequence,
+    # llama.cpp makes a forward pass of each run of consecutive ids, unless the runner
+    # pads the holes with a throwaway token each (`gap_pads`), which it does by default
+    half = [e for e in every if e.seq_id % 2 == 0]
+    out["every other slot decodes"] = min(timed(r, half) for _ in range(3))
+    if not r.unified:
+        pads = r._pads
+        r._pads = lambda entries: []  # type: ignore[method-assign]
+        out["the same, no pads"] = min(timed(r, half) for _ in range(3))
+        r._pads = pads  # type: ignore[method-assign]
+    else:
+        out["the same, no pads"] = out["every other slot decodes"]  # no passes to join
     return out
 
 

@@ -6,10 +6,19 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from redline.backends.local import LocalBackend
 from redline.config import ModelConfig
+from redline.engine.llama import (
+    BatchEntry,
+    LlamaModel,
+    LlamaRunner,
+    forward_passes,
+    gap_pads,
+)
+from redline.models import bundled_path
 from redline.types import GenerationRequest, Message, SamplingParams
 
 
@@ -35,3 +44,68 @@ async def test_the_model_setting_reaches_the_engine_and_it_serves():
         assert text.strip()
     finally:
         await backend.close()
+
+
+def test_forward_passes_follow_llama_cpps_split_of_a_per_slot_batch():
+    assert forward_passes({0: 1, 1: 1, 2: 1, 3: 1}, 512) == 1  # one run
+    assert forward_passes({0: 1, 2: 1, 4: 1, 6: 1}, 512) == 4  # four runs
+    # decode tokens and a prompt: one token of each, then the rest of the prompt
+    assert forward_passes({0: 1, 1: 1, 2: 100}, 512) == 2
+    # prompts of different lengths: as many tokens of each as the shortest has, and so on
+    assert forward_passes({0: 30, 1: 40, 2: 50}, 512) == 3
+    assert forward_passes({0: 40, 1: 40}, 512) == 1
+    assert forward_passes({0: 400, 1: 400}, 512) == 2  # at most n_ubatch tokens a pass
+    assert forward_passes({}, 512) == 0
+
+
+def test_gap_pads_join_runs_only_where_that_saves_passes():
+    assert gap_pads({0: 1, 2: 1, 4: 1, 6: 1}, 512, 512) == [1, 3, 5]
+    assert gap_pads({0: 1, 1: 1, 2: 1}, 512, 512) == []  # one run already
+    # a decode and a prompt take two passes either way: no pad
+    assert gap_pads({0: 1, 2: 100}, 512, 512) == []
+    # two decode runs and a prompt: the pad joins the runs (3 passes -> 2)
+    assert gap_pads({0: 1, 2: 1, 3: 100}, 512, 512) == [1]
+    # six throwaway tokens to save one pass cost more than the pass
+    assert gap_pads({0: 1, 7: 1}, 512, 512) == []
+    assert gap_pads({0: 1, 2: 1, 4: 1, 6: 1}, 512, 2) == [1, 3]  # within the batch's room
+
+
+@pytest.mark.slow
+def test_per_slot_pads_leave_no_cell_and_change_no_answer():
+    """Decoding slots 0, 2, 4 and 6 per slot: the runner puts a throwaway token in 1, 3
+    and 5 (one pass instead of four). Each decode's logits are those of its sequence
+    alone, and the padded sequences' cached prompts are as they were: nothing holds a
+    pad's cell, and their next token's logits are those they had before."""
+    model = LlamaModel(str(bundled_path("smollm2-135m-instruct", Path(".redline/models"))),
+                       "builtin")
+    runner = LlamaRunner(model, 256, 8, 256, 2, kv_unified=False)
+    try:
+        prompts = {s: model.tokenize(model.render_chat((Message("user", q),)), add_special=False)
+                   for s, q in enumerate(["What is the capital of France?", "Name three colours.",
+                                          "What is 2 + 2?", "Say hello in Spanish.",
+                                          "What is water made of?", "Who wrote Hamlet?",
+                                          "How far is the moon?"])}
+        last = {}
+        for s, p in prompts.items():  # each alone, its last token's logits kept
+            runner.decode([BatchEntry(t, i, s, i == len(p) - 1) for i, t in enumerate(p)])
+            last[s] = runner.logits(len(p) - 1).copy()
+        step = [BatchEntry(int(last[s].argmax()), len(prompts[s]), s, True) for s in (6, 0, 4, 2)]
+        assert sorted(p.seq_id for p in runner._pads(step)) == [1, 3, 5]
+        runner.decode(step)
+        together = [runner.logits(i).copy() for i in range(4)]
+        for s in (1, 3, 5):  # a pad's cell is gone: the stream ends where its prompt does
+            assert runner.seq_pos_max(s) == len(prompts[s]) - 1
+        for s, got in zip((6, 0, 4, 2), together, strict=True):  # each as if alone
+            runner.seq_remove(s, len(prompts[s]), -1)
+            runner.decode([BatchEntry(int(last[s].argmax()), len(prompts[s]), s, True)])
+            alone = runner.logits(0).copy()
+            assert np.abs(alone - got).max() < 1.5 and int(alone.argmax()) == int(got.argmax())
+        for s in (1, 3, 5):  # the padded ones go on from their own prompts
+            p = prompts[s]
+            runner.seq_remove(s, len(p) - 1, -1)
+            runner.decode([BatchEntry(p[-1], len(p) - 1, s, True)])
+            assert np.abs(runner.logits(0) - last[s]).max() < 1.5
+            assert int(runner.logits(0).argmax()) == int(last[s].argmax())
+    finally:
+        runner.close()
+        model.close()

@@ -254,14 +254,63 @@ def _bytes_ptr(buf: np.ndarray) -> Any:
     return buf.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8))
 
 
+# a throwaway token in a sequence between two of a batch's (`gap_pads`) costs about this
+# fraction of a forward pass (SmolLM2 on 2 cores: ~1.3 ms a token, ~9 ms a pass)
+PADS_PER_PASS = 4
+
+
+def forward_passes(counts: dict[int, int], n_ubatch: int) -> int:
+    """How many forward passes llama.cpp makes of a batch with `counts[seq]` tokens of each
+    sequence when each has its own KV stream: a pass takes a run of consecutive sequence
+    ids, from the lowest with tokens left, and as many tokens of each as the one with
+    fewest has left (its `split_equal`, sequential)."""
+    left = {s: n for s, n in sorted(counts.items()) if n > 0}
+    passes = 0
+    while left:
+        ids = list(left)
+        run = [ids[0]]
+        for s in ids[1:]:
+            if s != run[-1] + 1:
+                break
+            run.append(s)
+        take = min(min(left[s] for s in run), max(1, n_ubatch // len(run)))
+        for s in run:
+            left[s] -= take
+            if not left[s]:
+                del left[s]
+        passes += 1
+    return passes
+
+
+def gap_pads(counts: dict[int, int], n_ubatch: int, room: int) -> list[int]:
+    """The sequences without tokens in a batch that one throwaway token each would join
+    into fewer forward passes: decoding slots 0, 2, 4 and 6 take four passes, or one with
+    a token in 1, 3 and 5 (a pass costs about `PADS_PER_PASS` such tokens). At most
+    `room` of them."""
+    ids = sorted(counts)
+    pads: list[int] = []
+    best = forward_passes(counts, n_ubatch)
+    for a, b in zip(ids, ids[1:], strict=False):
+        gap = list(range(a + 1, b))
+        if not gap or len(pads) + len(gap) > room:
+            continue
+        trial = dict(counts) | {s: 1 for s in [*pads, *gap]}
+        passes = forward_passes(trial, n_ubatch)
+        if passes < best and len(gap) <= PADS_PER_PASS * (best - passes):
+            pads += gap
+            best = passes
+    return pads
+
+
 class LlamaRunner:
     """One llama.cpp context with `n_seq_max` sequences over one unified KV buffer,
     so that sequences can share cells (prefix reuse is a metadata copy); or, with
     `kv_unified` False, one KV stream per sequence (config `kv_layout: per_slot`): each
     attends over its own cells only. llama.cpp then splits a batch into forward passes
     of consecutive sequence ids with as many tokens each, so `decode` orders the batch by
-    sequence (and maps `logits` indices back), and a copy between sequences copies the
-    whole stream, then drops what was not asked for."""
+    sequence (and maps `logits` indices back), puts a throwaway token in the sequences
+    between its own where that saves passes (`gap_pads`), and a copy between sequences
+    copies the whole stream, then drops what was not asked for."""
 
     def __init__(self, model: LlamaModel, n_ctx_per_seq: int, n_seq_max: int, n_batch: int,
                  n_threads: int, kv_unified: bool = True) -> None:
@@ -284,6 +333,7 @@ class LlamaRunner:
         if not self.ctx:
             raise RuntimeError("llama.cpp could not create a context")
         self.n_ctx = ll.llama_n_ctx(self.ctx)
+        self.n_ctx_seq = n_ctx_per_seq
         self.mem = ll.llama_get_memory(self.ctx)
         self._batch = ll.llama_batch_init(n_batch, 0, 1)
         self._row: list[int] | None = None  # per stream: entry index -> its row in the batch
@@ -292,13 +342,19 @@ class LlamaRunner:
         """Run one forward pass; entries with logits=True can then be sampled by index."""
         b = self._batch
         self._row = None
+        pads: list[BatchEntry] = []
         if not self.unified:  # each sequence's tokens together, sequences in id order
-            order = sorted(range(len(entries)), key=lambda i: entries[i].seq_id)
-            if order != list(range(len(entries))):
+            pads = self._pads(entries)
+            order = sorted(range(len(entries) + len(pads)),
+                           key=lambda i: (entries[i] if i < len(entries)
+                                          else pads[i - len(entries)]).seq_id)
+            if order != list(range(len(order))):
                 self._row = [0] * len(entries)
                 for row, i in enumerate(order):
-                    self._row[i] = row
-                entries = [entries[i] for i in order]
+                    if i < len(entries):
+                        self._row[i] = row
+                entries = [entries[i] if i < len(entries) else pads[i - len(entries)]
+                           for i in order]
         for i, e in enumerate(entries):
             b.token[i] = e.token
             b.pos[i] = e.pos
@@ -306,15 +362,36 @@ class LlamaRunner:
             b.seq_id[i][0] = e.seq_id
             b.logits[i] = 1 if e.logits else 0
         b.n_tokens = len(entries)
-        # on the process's one compute thread: one OpenMP team for all models (compute.py)
-        rc = compute.run(ll.llama_decode, self.ctx, b)
+        try:
+            # on the process's one compute thread: one OpenMP team for all models (compute.py)
+            rc = compute.run(ll.llama_decode, self.ctx, b)
+        finally:
+            for pad in pads:  # a pad's cell is nobody's token
+                ll.llama_memory_seq_rm(self.mem, pad.seq_id, pad.pos, -1)
         if rc != 0:
             raise RuntimeError(f"llama_decode failed with {rc} (KV cache full?)")
+
+    def _pads(self, entries: list[BatchEntry]) -> list[BatchEntry]:
+        """One throwaway token for each sequence that `gap_pads` puts between this batch's
+        sequences, at its next position (its cell is removed after the pass)."""
+        counts: dict[int, int] = {}
+        for e in entries:
+            counts[e.seq_id] = counts.get(e.seq_id, 0) + 1
+        pads = []
+        for seq in gap_pads(counts, self.n_batch, self.n_batch - len(entries)):
+            pos = self.seq_pos_max(seq) + 1
+            if pos < self.n_ctx_seq:  # its stream has a free cell
+                pads.append(BatchEntry(0, pos, seq, False))
+        return pads
 
     def logits(self, index: int) -> np.ndarray:
         """Logits of batch entry `index`: [n_vocab] float32, a view valid until the next decode."""
         ptr = ll.llama_get_logits_ith(self.ctx, index if self._row is None else self._row[index])
         return np.ctypeslib.as_array(ptr, shape=(self.model.n_vocab,))
+
+    def seq_pos_max(self, seq_id: int) -> int:
+        """The last position sequence `seq_id` holds a cell for; -1 when it holds none."""
+        return int(ll.llama_memory_seq_pos_max(self.mem, seq_id))
 
     def seq_remove(self, seq_id: int, p0: int = -1, p1: int = -1) -> bool:
         return bool(ll.llama_memory_seq_rm(self.mem, seq_id, p0, p1))
