@@ -16,7 +16,7 @@ from redline.engine.llama import (
     LlamaModel,
     LlamaRunner,
     forward_passes,
-    gap_pads,
+    pads,
 )
 from redline.models import bundled_path
 from redline.types import GenerationRequest, Message, SamplingParams
@@ -58,16 +58,30 @@ def test_forward_passes_follow_llama_cpps_split_of_a_per_slot_batch():
     assert forward_passes({}, 512) == 0
 
 
-def test_gap_pads_join_runs_only_where_that_saves_passes():
-    assert gap_pads({0: 1, 2: 1, 4: 1, 6: 1}, 512, 512) == [1, 3, 5]
-    assert gap_pads({0: 1, 1: 1, 2: 1}, 512, 512) == []  # one run already
+def test_pads_join_runs_only_where_that_saves_passes():
+    assert pads({0: 1, 2: 1, 4: 1, 6: 1}, 512, 512) == {1: 1, 3: 1, 5: 1}
+    assert pads({0: 1, 1: 1, 2: 1}, 512, 512) == {}  # one run already
     # a decode and a prompt take two passes either way: no pad
-    assert gap_pads({0: 1, 2: 100}, 512, 512) == []
+    assert pads({0: 1, 2: 100}, 512, 512) == {}
     # two decode runs and a prompt: the pad joins the runs (3 passes -> 2)
-    assert gap_pads({0: 1, 2: 1, 3: 100}, 512, 512) == [1]
+    assert pads({0: 1, 2: 1, 3: 100}, 512, 512) == {1: 1}
     # six throwaway tokens to save one pass cost more than the pass
-    assert gap_pads({0: 1, 7: 1}, 512, 512) == []
-    assert gap_pads({0: 1, 2: 1, 4: 1, 6: 1}, 512, 2) == [1, 3]  # within the batch's room
+    assert pads({0: 1, 7: 1}, 512, 512) == {}
+    assert pads({0: 1, 2: 1, 4: 1, 6: 1}, 512, 2) == {1: 1, 3: 1}  # within the batch's room
+
+
+def test_pads_bring_prompts_of_nearly_one_length_into_fewer_passes():
+    burst = dict(enumerate([43, 44, 43, 45, 43, 44, 43, 43]))  # four passes as they are
+    assert forward_passes(burst, 512) == 4
+    added = pads(burst, 512, 512)
+    assert added == {0: 1, 2: 1, 4: 1, 6: 1, 7: 1}  # five tokens save two passes
+    assert forward_passes({s: n + added.get(s, 0) for s, n in burst.items()}, 512) == 2
+    assert pads({0: 40, 1: 41}, 512, 512) == {0: 1}
+    # lengths far apart: padding 50 tokens to save one pass is not worth it
+    assert pads({0: 10, 1: 60}, 512, 512) == {}
+    # decoding streams beside two prompts: the prompts level up, the decodes stay
+    assert pads({0: 1, 1: 1, 2: 40, 3: 41}, 512, 512) == {2: 1}
+    assert pads(burst, 512, 4) == {}  # the five do not fit in the room
 
 
 @pytest.mark.slow
