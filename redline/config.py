@@ -195,6 +195,11 @@ class ModelConfig(_Section):
         "decode (prefill_slack's budget never goes below it). 8: the decoding streams' ITL p99 "
         "during a 1,500-token prefill was ~3x their TPOT here, the newcomer's TTFT ~10 s; 1: "
         "2.0x, and ~19 s (docs/BENCHMARKS.md)")
+    prefill_protect_share: float = Field(
+        0.5, ge=0.0, le=1.0, description="local: prefill_slack holds a long prompt back only "
+        "while at least this share of the slots decode (at least one); beside fewer, it takes "
+        "the rest of n_batch every step: their tokens wait for its chunks, its first token "
+        "does not wait for theirs. 0: always held back")
     kv_layout: Literal["unified", "per_slot"] = Field(
         "unified", description="local: 'unified': one KV buffer that every slot's cells share "
         "(a prefix another slot holds is reused by a metadata copy); each step attends over "

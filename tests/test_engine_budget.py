@@ -167,3 +167,37 @@ def test_the_floor_is_set_per_model() -> None:
     from redline.config import ModelConfig
 
     assert ModelConfig(name="m", bundled="smollm2-135m-instruct").prefill_floor_tokens == FLOOR
+
+
+def test_a_long_prompt_is_held_back_only_for_enough_decoding_streams(loop) -> None:
+    """`protect` 4 of 8 slots: beside 7 decoding streams a 1,500-token prompt is chunked
+    within the slack; beside one it takes the rest of the batch every step (its first
+    token does not wait ~100 small chunks for one stream's ITL). A short prompt is not
+    affected either way (it goes whole)."""
+    def cost(batch):  # as above
+        return 0.001 + 0.002 * batch.n_decode + 0.0005 * (len(batch.entries) - batch.n_decode)
+
+    for streams, held in ((7, True), (3, False), (1, False)):
+        s = Scheduler(n_seq_max=8, n_batch=512, budget=PrefillBudget(512, 0.5, protect=4))
+        for i in range(streams):
+            s.add(make(loop, range(10 * i, 10 * i + 10), f"s{i}"))
+        for _ in range(4):
+            step(s, cost)
+        s.add(make(loop, range(1000, 2500), "long"))
+        chunks = [len(b.entries) - b.n_decode for b in (step(s, cost) for _ in range(3))]
+        if held:
+            assert all(c <= 15 for c in chunks), chunks
+        else:
+            assert chunks == [512 - streams] * 2 + [1500 - 2 * (512 - streams)], chunks
+    b = PrefillBudget(512, 0.5, protect=4)
+    assert b.yields(3) and not b.yields(4)
+    assert not PrefillBudget(512, None, protect=4).yields(0)  # a fixed budget: no rule to bend
+    assert not PrefillBudget(512, 0.5).yields(1)  # protect 1: held back for any stream
+
+
+def test_the_protected_share_is_a_model_setting() -> None:
+    from redline.config import ModelConfig
+
+    assert ModelConfig(name="m", bundled="smollm2-135m-instruct").prefill_protect_share == 0.5
+    with pytest.raises(ValueError):
+        ModelConfig(name="m", bundled="smollm2-135m-instruct", prefill_protect_share=1.5)

@@ -31,13 +31,16 @@ def test_the_layout_is_a_model_setting():
 
 
 @pytest.mark.slow
-async def test_the_model_setting_reaches_the_engine_and_it_serves():
+async def test_the_model_settings_reach_the_engine_and_it_serves():
     backend = LocalBackend(ModelConfig(name="smol", bundled="smollm2-135m-instruct", n_threads=2,
-                                       n_seq_max=2, n_ctx=1024, kv_layout="per_slot"),
+                                       n_seq_max=2, n_ctx=1024, kv_layout="per_slot",
+                                       prefill_protect_share=1.0),
                            Path(".redline/models"))
     await backend.start()  # warm-up runs on the per-slot context too
     try:
         assert backend.engine is not None and not backend.engine.runner.unified
+        # and the share of slots a long prompt is held back for: both of them
+        assert backend.engine.scheduler.budget.protect == 2
         req = GenerationRequest(model="smol", messages=(Message("user", "Name three colours."),),
                                 sampling=SamplingParams(max_tokens=8, temperature=0.0))
         text = "".join([c.text async for c in backend.stream(req)])

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import math
 import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Sequence
@@ -70,7 +71,9 @@ class LocalBackend:
                              speculative=self._speculative(),
                              host_cache_bytes=cfg.host_cache_mb << 20,
                              busy_cells=cfg.prefix_cache_tokens_decoding,
-                             kv_unified=cfg.kv_layout == "unified")
+                             kv_unified=cfg.kv_layout == "unified",
+                             prefill_protect=max(1, math.ceil(cfg.prefill_protect_share
+                                                              * cfg.n_seq_max)))
 
     def _speculative(self) -> NgramSettings | None:
         s = self.cfg.speculative

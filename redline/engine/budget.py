@@ -14,7 +14,11 @@ question took 5-6 steps beside one decoding stream (a step carries ~8 prompt tok
 where each adds ~1 ms to a 12 ms step), so its first token came at 1.6x llama-server's,
 which takes a prompt whole; the decoding streams instead see one step up to `WHOLE_S`
 longer, once. A long prompt (the 1,500 tokens of the fairness figure: over a second of
-work) is chunked as before, to its end.
+work) is chunked as before, to its end, while at least `protect` streams decode (7 in the
+fairness figure); beside fewer it takes the rest of the batch every step (`yields`), as
+with a fixed budget: one stream decoding beside a 1,563-token prompt kept its ITL, and the
+prompt's first token came at 2.1x llama-server's, which stalls the stream instead. Held
+back for one or two streams, a long prompt costs its user more than it saves theirs.
 
 Both costs are measured, not configured: an average of decode-only steps' seconds, and
 of the seconds each prompt token adds to a step (weights, threads and cores differ per
@@ -30,10 +34,12 @@ WHOLE_S = 0.1  # a prompt (its uncached part) with at most this much work runs i
 
 
 class PrefillBudget:
-    def __init__(self, n_batch: int, slack: float | None = 0.5, floor: int = FLOOR) -> None:
+    def __init__(self, n_batch: int, slack: float | None = 0.5, floor: int = FLOOR,
+                 protect: int = 1) -> None:
         self.n_batch = n_batch
         self.slack = slack  # None: fixed (the whole rest of the batch, every step)
         self.floor = floor  # prompt tokens a step carries at least
+        self.protect = protect  # the fewest decoding streams a long prompt is held back for
         self.decode_s: float | None = None  # a decode-only step
         self.token_s: float | None = None  # what one prompt token adds to a step
 
@@ -50,6 +56,11 @@ class PrefillBudget:
             return max(0, min(room, FIRST))
         fit = int(self.slack * self.decode_s / max(self.token_s, 1e-9))
         return max(0, min(room, max(self.floor, fit)))
+
+    def yields(self, decoding: int) -> bool:
+        """With `decoding` streams decoding, a long prompt takes the rest of the batch: too
+        few streams to hold it back for (`protect`)."""
+        return self.slack is not None and decoding < self.protect
 
     def whole(self, left: int) -> bool:
         """A prompt with `left` tokens to compute may run in one step, past `tokens`."""

@@ -48,7 +48,8 @@ class Engine:
                  name: str = "engine", cache_cells: int | None = None, tiers: bool = True,
                  prefill_slack: float | None = 0.5, prefill_floor: int = FLOOR,
                  speculative: NgramSettings | None = None, host_cache_bytes: int = 0,
-                 busy_cells: int | None = None, kv_unified: bool = True) -> None:
+                 busy_cells: int | None = None, kv_unified: bool = True,
+                 prefill_protect: int = 1) -> None:
         self.model = model
         self.n_ctx_per_seq = n_ctx_per_seq
         self.runner = LlamaRunner(model, n_ctx_per_seq, n_seq_max, n_batch, n_threads, kv_unified)
@@ -56,7 +57,8 @@ class Engine:
         # prefixes the KV buffer forgets, kept in host memory (none with 0 bytes or no reuse)
         self.host = HostCache(host_cache_bytes) if host_cache_bytes > 0 and prefix_reuse else None
         self.scheduler = Scheduler(n_seq_max, n_batch, prefix_reuse, cache_cells, tiers,
-                                   PrefillBudget(n_batch, prefill_slack, prefill_floor),
+                                   PrefillBudget(n_batch, prefill_slack, prefill_floor,
+                                                 prefill_protect),
                                    speculative, self.host, busy_cells)
         self.forecast = Forecast(n_seq_max, self.scheduler.budget)
         self.scheduler.step_cost = self.forecast.step_s  # how streams nobody reads ride

@@ -127,6 +127,8 @@ class Forecast:
             return wait + alone  # prompt-only steps: nothing decodes beside them
         decoding = min(self.n_slots, len(running))
         per_step = max(1, self.budget.tokens(decoding))
+        if self.budget.yields(decoding) and not self.budget.whole(prompt):
+            per_step = self.budget.n_batch - decoding  # a long prompt takes the rest
         steps = max(1, math.ceil(prompt / per_step))
         return wait + prompt * token_s + steps * step
 

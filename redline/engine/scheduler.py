@@ -27,7 +27,8 @@ sees the same stream go on, later, with no token lost or repeated.
 
 Prefill budget: while streams decode, a step carries only the prompt tokens that
 `PrefillBudget` allows (engine/budget.py: the streams' inter-token latency stays near
-their TPOT), except that a read prompt with little work left finishes whole; when
+their TPOT), except that a read prompt with little work left finishes whole, and beside
+fewer than `budget.protect` decoding streams a long one takes the rest of the batch; when
 nothing decodes, the whole batch.
 
 Streams nobody reads run on spare time: their prompts (a recompute after preemption)
@@ -269,9 +270,12 @@ class Scheduler:
                 seq.scheduled_at = time.perf_counter()
             start = seq.n_fed
             take = budget
-            if first and seq.prefill_to - start > budget and not seq.unread \
-                    and self.budget.whole(seq.prefill_to - start):
-                take = self.n_batch - len(entries)  # a short prompt goes whole (budget.py)
+            left = seq.prefill_to - start
+            if left > budget and not seq.unread and ((first and self.budget.whole(left))
+                                                     or self.budget.yields(len(decoding))):
+                # a short prompt goes whole; beside few decoding streams, a long one takes
+                # the rest of the batch (budget.py)
+                take = self.n_batch - len(entries)
             scoring = seq.scores_prompt
             if scoring:
                 take = min(take, SCORED_ROWS)
