@@ -5,6 +5,7 @@ the adaptive one (engine/budget.py), in the same run, on the bundled SmolLM2.
     .venv/bin/python bench/engine_prefill_itl.py                 # 7 streams, 1,500 tokens
     .venv/bin/python bench/engine_prefill_itl.py --streams 2 --prompt 300   # a quick check
     .venv/bin/python bench/engine_prefill_itl.py --slack 0.5,1.0    # adaptive at two slacks
+    .venv/bin/python bench/engine_prefill_itl.py --streams 1 --kv-layout per_slot  # one stream
 
 Each round: `--streams` streams decode (greedy, long answers); once each has given a few
 tokens, a `--prompt`-token prompt arrives. Their TPOT is the median gap between their
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import math
 import statistics
 import sys
 import time
@@ -125,12 +127,18 @@ async def main() -> None:
     ap.add_argument("--slack", default="0.5", help="the adaptive budget's slack(s), comma-separated")
     ap.add_argument("--floor", default="8", help="the adaptive budget's floor(s) in tokens "
                     "(models[].prefill_floor_tokens), comma-separated")
+    ap.add_argument("--protect-share", type=float, default=0.5, help="models[]."
+                    "prefill_protect_share: the prompt is held back only while at least this "
+                    "share of the --streams + 1 slots decode (7 of 8: it is)")
+    ap.add_argument("--kv-layout", choices=("unified", "per_slot"), default="unified")
     args = ap.parse_args()
+    protect = max(1, math.ceil(args.protect_share * (args.streams + 1)))
     path = served_path(bundled_path("smollm2-135m-instruct", ROOT / ".redline" / "models"),
                        args.weights)
     model = LlamaModel(str(path))
     engine = Engine(model, n_ctx_per_seq=max(2048, args.prompt + 64), n_seq_max=args.streams + 1,
-                    n_batch=512, n_threads=args.threads, prefix_reuse=False)
+                    n_batch=512, n_threads=args.threads, prefix_reuse=False,
+                    kv_unified=args.kv_layout == "unified")
     prompt = long_prompt(model, args.prompt)
     slacks = [float(x) for x in args.slack.split(",")]
     floors = [int(x) for x in args.floor.split(",")]
@@ -145,7 +153,7 @@ async def main() -> None:
     try:
         for r in range(args.rounds):
             for mode, (slack, floor) in modes.items():
-                engine.scheduler.budget = PrefillBudget(512, slack, floor)  # learns afresh
+                engine.scheduler.budget = PrefillBudget(512, slack, floor, protect)  # afresh
                 before, during, ttft = await one_round(engine, model, args.streams, prompt,
                                                        args.warm_tokens)
                 got[mode][0].extend(before)
@@ -158,7 +166,8 @@ async def main() -> None:
         engine.close()
         model.close()
     print(f"\n{args.streams} streams decoding, a {args.prompt}-token prompt arrives "
-          f"({path.name}, n_batch 512, {args.rounds} rounds per mode)\n")
+          f"({path.name}, n_batch 512, KV {args.kv_layout}, held back beside {protect}+ "
+          f"streams, {args.rounds} rounds per mode)\n")
     print_table("prefill budget", got)
 
 
