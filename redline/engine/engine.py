@@ -60,6 +60,7 @@ class Engine:
                                    PrefillBudget(n_batch, prefill_slack, prefill_floor,
                                                  prefill_protect),
                                    speculative, self.host, busy_cells)
+        self.scheduler.contiguous = not kv_unified
         self.forecast = Forecast(n_seq_max, self.scheduler.budget)
         self.scheduler.step_cost = self.forecast.step_s  # how streams nobody reads ride
         self._inbox: list[Sequence] = []

@@ -184,6 +184,7 @@ class Scheduler:
         self.step_cost: Callable[[int], float | None] | None = None
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
+        self.contiguous = False  # one KV stream per slot: place newcomers beside running ones
 
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
@@ -430,8 +431,9 @@ class Scheduler:
         best_free = max(free, key=lambda s: shared[s.seq_id])
         # little in common (a chat template's first tokens): taking that slot would throw
         # away a prefix worth more to someone else (llama-server's default slot
-        # similarity, 0.5); an empty slot, else the one used longest ago
-        spare = min(free, key=lambda s: (bool(s.tokens), s.last_used))
+        # similarity, 0.5); an empty slot, else the one used longest ago (one KV stream
+        # per slot: first one beside running slots)
+        spare = min(free, key=lambda s: (-self._neighbours(s), bool(s.tokens), s.last_used))
         if shared[best_free.seq_id] * 2 < len(context):
             best_free = spare
         best_free_n = shared[best_free.seq_id]
@@ -448,6 +450,17 @@ class Scheduler:
         if source is not None and source_n > best_free_n:
             return Placement(best_free, source_n, source=source)
         return Placement(best_free, best_free_n)
+
+    def _neighbours(self, slot: Slot) -> int:
+        """With one KV stream per slot (`contiguous`), how many of `slot`'s two neighbours
+        are running: a batch runs as one forward pass per run of consecutive slots
+        (engine/llama.py), so a newcomer goes where it joins runs rather than where it
+        starts one. 0 in the unified buffer, where placement costs no pass."""
+        if not self.contiguous:
+            return 0
+        i = slot.seq_id
+        return sum(1 for j in (i - 1, i + 1)
+                   if 0 <= j < len(self.slots) and self.slots[j].owner is not None)
 
     def _place(self, seq: Sequence, kv: KVOps) -> None:
         """Give `seq` a free slot as `_choose` decides, with the cache edits that takes."""
