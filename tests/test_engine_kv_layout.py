@@ -39,6 +39,7 @@ async def test_the_model_settings_reach_the_engine_and_it_serves():
     await backend.start()  # warm-up runs on the per-slot context too
     try:
         assert backend.engine is not None and not backend.engine.runner.unified
+        assert backend.engine.scheduler.contiguous  # newcomers placed beside running slots
         # and the share of slots a long prompt is held back for: both of them
         assert backend.engine.scheduler.budget.protect == 2
         req = GenerationRequest(model="smol", messages=(Message("user", "Name three colours."),),

@@ -535,3 +535,23 @@ def test_a_newcomer_sees_the_same_cells_in_every_step_and_the_idle_engine_copies
     assert [e.token for e in first.entries] == list(range(100))  # a's prompt, this step
     assert (old.slot, 0) in first.kv.removals and not first.kv.saves
     assert s.cached_cells() == 0
+
+
+@pytest.mark.parametrize("contiguous", [False, True], ids=["unified", "per_slot"])
+def test_with_a_stream_per_slot_a_newcomer_sits_beside_running_slots(loop, contiguous):
+    """Four streams in slots 0-3 of 8; the one in slot 2 ends. A newcomer with nothing in
+    common takes an empty slot in the unified buffer (slot 2's cells stay for a reuse),
+    but beside running slots with a KV stream per slot (slot 2: the batch stays one run of
+    consecutive slots, one forward pass, engine/llama.py)."""
+    s = Scheduler(n_seq_max=8, n_batch=64)
+    s.contiguous = contiguous
+    seqs = [make(loop, range(100 * i, 100 * i + 5), f"s{i}") for i in range(4)]
+    for q in seqs:
+        s.add(q)
+    run_step(s)
+    assert [q.slot for q in seqs] == [0, 1, 2, 3]
+    s.finish(seqs[2])
+    new = make(loop, range(900, 905), "new")
+    s.add(new)
+    run_step(s)
+    assert new.slot == (2 if contiguous else 4)
