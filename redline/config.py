@@ -201,13 +201,14 @@ class ModelConfig(_Section):
         "the rest of n_batch every step: their tokens wait for its chunks, its first token "
         "does not wait for theirs. 0: always held back")
     kv_layout: Literal["unified", "per_slot"] = Field(
-        "unified", description="local: 'unified': one KV buffer that every slot's cells share "
-        "(a prefix another slot holds is reused by a metadata copy); each step attends over "
-        "every cell in use, so long prompts at several streams slow every step (a 512-token "
-        "chunk ~2x with 7 others holding 1,600 cells each). 'per_slot': one KV stream per slot, "
-        "as llama-server's -np: a step attends over its own cells only; a prefix from another "
-        "slot is a full copy, and a step mixing slots may take several forward passes, so it "
-        "pays for short prompts (docs/BENCHMARKS.md)")
+        "per_slot", description="local: 'per_slot': one KV stream per slot, as llama-server's "
+        "-np: a step attends over each sequence's own cells only; a prefix from another slot "
+        "is a whole-stream copy, and a batch runs as one forward pass per run of consecutive "
+        "slots with equal token counts (throwaway tokens join them where that is cheaper). "
+        "'unified': one KV buffer that every slot's cells share (a prefix another slot holds "
+        "is reused by a metadata copy, one pass a step); each step attends over every cell in "
+        "use, so long prompts at several streams slow every step (a 512-token chunk ~2x with "
+        "7 others holding 1,600 cells each; docs/BENCHMARKS.md)")
     speculative: SpeculativeConfig = Field(
         default_factory=lambda: SpeculativeConfig(method="off"),
         description="local: n-gram speculative decoding, e.g. `{method: ngram, max_draft: 4}`; "

@@ -1,4 +1,4 @@
-"""`kv_layout: per_slot`: a model setting that reaches the engine (one KV stream per
+"""`kv_layout`: a model setting that reaches the engine (`per_slot` by default: one KV stream per
 slot). The runner's and the engine's own checks run for both layouts in
 tests/test_engine_model.py."""
 
@@ -23,9 +23,9 @@ from redline.types import GenerationRequest, Message, SamplingParams
 
 
 def test_the_layout_is_a_model_setting():
-    assert ModelConfig(name="m", bundled="smollm2-135m-instruct").kv_layout == "unified"
-    assert ModelConfig(name="m", bundled="smollm2-135m-instruct", kv_layout="per_slot").kv_layout \
-        == "per_slot"
+    assert ModelConfig(name="m", bundled="smollm2-135m-instruct").kv_layout == "per_slot"
+    assert ModelConfig(name="m", bundled="smollm2-135m-instruct", kv_layout="unified").kv_layout \
+        == "unified"
     with pytest.raises(ValueError):
         ModelConfig(name="m", bundled="smollm2-135m-instruct", kv_layout="paged")
 
