@@ -127,3 +127,24 @@ def test_per_slot_pads_leave_no_cell_and_change_no_answer():
     finally:
         runner.close()
         model.close()
+
+
+@pytest.mark.slow
+def test_a_pad_for_the_last_sequence_is_fed_too():
+    """Two prompts in id order, 41 and 40 tokens: the runner brings the second to 41 (one
+    pass instead of two). The batch is already in order, and the pad, after it, is still
+    in what llama.cpp runs; its cell is gone after."""
+    model = LlamaModel(str(bundled_path("smollm2-135m-instruct", Path(".redline/models"))),
+                       "builtin")
+    runner = LlamaRunner(model, 256, 2, 256, 2, kv_unified=False)
+    try:
+        batch = [BatchEntry(100 + i, i, 0, i == 40) for i in range(41)] \
+            + [BatchEntry(200 + i, i, 1, i == 39) for i in range(40)]
+        assert [(p.seq_id, p.pos) for p in runner._pads(batch)] == [(1, 40)]
+        runner.decode(batch)
+        assert runner._batch.n_tokens == 82
+        assert runner.seq_pos_max(1) == 39 and runner.seq_pos_max(0) == 40
+        assert runner.logits(40).shape == runner.logits(80).shape == (model.n_vocab,)
+    finally:
+        runner.close()
+        model.close()

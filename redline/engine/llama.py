@@ -328,8 +328,8 @@ class LlamaRunner:
     attends over its own cells only. llama.cpp then splits a batch into forward passes
     of consecutive sequence ids with as many tokens each, so `decode` orders the batch by
     sequence (and maps `logits` indices back), appends throwaway tokens where they save
-    passes (`pads`), and a copy between sequences
-    copies the whole stream, then drops what was not asked for."""
+    passes (`pads`), and a copy between sequences copies the whole stream, then drops
+    what was not asked for."""
 
     def __init__(self, model: LlamaModel, n_ctx_per_seq: int, n_seq_max: int, n_batch: int,
                  n_threads: int, kv_unified: bool = True) -> None:
@@ -364,16 +364,14 @@ class LlamaRunner:
         pads: list[BatchEntry] = []
         if not self.unified:  # each sequence's tokens together, sequences in id order
             pads = self._pads(entries)
-            order = sorted(range(len(entries) + len(pads)),
-                           key=lambda i: (entries[i] if i < len(entries)
-                                          else pads[i - len(entries)]).seq_id)
-            if order != list(range(len(order))):
+            rows = entries + pads
+            order = sorted(range(len(rows)), key=lambda i: rows[i].seq_id)
+            if order[:len(entries)] != list(range(len(entries))):
                 self._row = [0] * len(entries)
                 for row, i in enumerate(order):
                     if i < len(entries):
                         self._row[i] = row
-                entries = [entries[i] if i < len(entries) else pads[i - len(entries)]
-                           for i in order]
+            entries = [rows[i] for i in order]
         for i, e in enumerate(entries):
             b.token[i] = e.token
             b.pos[i] = e.pos
