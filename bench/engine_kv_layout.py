@@ -64,7 +64,7 @@ def measure(r: LlamaRunner, args: argparse.Namespace) -> dict[str, float]:
     out["all decode together"] = min(timed(r, every) for _ in range(3))
     # every other slot decoding (slots freed and taken again leave holes): per sequence,
     # llama.cpp makes a forward pass of each run of consecutive ids, unless the runner
-    # pads the holes with a throwaway token each (`gap_pads`), which it does by default
+    # pads the holes with a throwaway token each (`pads`), which it does by default
     half = [e for e in every if e.seq_id % 2 == 0]
     out["every other slot decodes"] = min(timed(r, half) for _ in range(3))
     if not r.unified:

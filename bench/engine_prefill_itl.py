@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import math
 import statistics
 import sys
 import time
@@ -29,7 +28,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from redline.bench.report import percentile  # noqa: E402
-from redline.engine.budget import PrefillBudget  # noqa: E402
+from redline.engine.budget import PrefillBudget, protected_streams  # noqa: E402
 from redline.engine.engine import Engine  # noqa: E402
 from redline.engine.llama import LlamaModel  # noqa: E402
 from redline.models import bundled_path, served_path  # noqa: E402
@@ -132,7 +131,7 @@ async def main() -> None:
                     "share of the --streams + 1 slots decode (7 of 8: it is)")
     ap.add_argument("--kv-layout", choices=("unified", "per_slot"), default="unified")
     args = ap.parse_args()
-    protect = max(1, math.ceil(args.protect_share * (args.streams + 1)))
+    protect = protected_streams(args.protect_share, args.streams + 1)
     path = served_path(bundled_path("smollm2-135m-instruct", ROOT / ".redline" / "models"),
                        args.weights)
     model = LlamaModel(str(path))

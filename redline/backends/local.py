@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import math
 import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Sequence
@@ -24,6 +23,7 @@ from redline.backends.local_features import (
 )
 from redline.config import ModelConfig
 from redline.engine.arbiter import StepArbiter
+from redline.engine.budget import protected_streams
 from redline.engine.engine import Engine
 from redline.engine.llama import LlamaModel
 from redline.engine.sampling import GrammarError, check_grammar
@@ -72,8 +72,8 @@ class LocalBackend:
                              host_cache_bytes=cfg.host_cache_mb << 20,
                              busy_cells=cfg.prefix_cache_tokens_decoding,
                              kv_unified=cfg.kv_layout == "unified",
-                             prefill_protect=max(1, math.ceil(cfg.prefill_protect_share
-                                                              * cfg.n_seq_max)))
+                             prefill_protect=protected_streams(cfg.prefill_protect_share,
+                                                               cfg.n_seq_max))
 
     def _speculative(self) -> NgramSettings | None:
         s = self.cfg.speculative

@@ -27,10 +27,18 @@ machine and model). Until both are known, a small first budget.
 
 from __future__ import annotations
 
+import math
+
 ALPHA = 0.2  # weight of the newest step in the running averages
 FIRST = 64  # tokens per step before the costs are known
 FLOOR = 8  # a prompt always advances (the default floor: `floor` per budget)
 WHOLE_S = 0.1  # a prompt (its uncached part) with at most this much work runs in one step
+
+
+def protected_streams(share: float, slots: int) -> int:
+    """`PrefillBudget.protect` for `share` of `slots` (`models[].prefill_protect_share`):
+    at least one stream."""
+    return max(1, math.ceil(share * slots))
 
 
 class PrefillBudget:
