@@ -6,6 +6,7 @@ the adaptive one (engine/budget.py), in the same run, on the bundled SmolLM2.
     .venv/bin/python bench/engine_prefill_itl.py --streams 2 --prompt 300   # a quick check
     .venv/bin/python bench/engine_prefill_itl.py --slack 0.5,1.0    # adaptive at two slacks
     .venv/bin/python bench/engine_prefill_itl.py --streams 1 --kv-layout per_slot  # one stream
+    .venv/bin/python bench/engine_prefill_itl.py --side off       # without the side (side.py)
 
 Each round: `--streams` streams decode (greedy, long answers); once each has given a few
 tokens, a `--prompt`-token prompt arrives. Their TPOT is the median gap between their
@@ -130,6 +131,8 @@ async def main() -> None:
                     "prefill_protect_share: the prompt is held back only while at least this "
                     "share of the --streams + 1 slots decode (7 of 8: it is)")
     ap.add_argument("--kv-layout", choices=("unified", "per_slot"), default="unified")
+    ap.add_argument("--side", default="off,on", help="adaptive modes without and with the "
+                    "prompt computed on the side (models[].prefill_side, engine/side.py)")
     args = ap.parse_args()
     protect = protected_streams(args.protect_share, args.streams + 1)
     path = served_path(bundled_path("smollm2-135m-instruct", ROOT / ".redline" / "models"),
@@ -137,22 +140,25 @@ async def main() -> None:
     model = LlamaModel(str(path))
     engine = Engine(model, n_ctx_per_seq=max(2048, args.prompt + 64), n_seq_max=args.streams + 1,
                     n_batch=512, n_threads=args.threads, prefix_reuse=False,
-                    kv_unified=args.kv_layout == "unified")
+                    kv_unified=args.kv_layout == "unified", side_prefill=True)
+    side = engine.side
     prompt = long_prompt(model, args.prompt)
     slacks = [float(x) for x in args.slack.split(",")]
     floors = [int(x) for x in args.floor.split(",")]
-    modes: dict[str, tuple[float | None, int]] = {"fixed": (None, 8)}
-    for value in slacks:
-        for floor in floors:
-            name = "adaptive" + (f" {value:g}" if len(slacks) > 1 else "") + (
-                f" floor {floor}" if len(floors) > 1 else "")
-            modes[name] = (value, floor)
+    modes: dict[str, tuple[float | None, int, bool]] = {"fixed": (None, 8, False)}
+    for on in [x == "on" for x in args.side.split(",")]:
+        for value in slacks:
+            for floor in floors:
+                name = "adaptive" + (f" {value:g}" if len(slacks) > 1 else "") + (
+                    f" floor {floor}" if len(floors) > 1 else "") + (" + side" if on else "")
+                modes[name] = (value, floor, on)
     got: dict[str, tuple[list[float], list[float], list[float]]] = {
         m: ([], [], []) for m in modes}
     try:
         for r in range(args.rounds):
-            for mode, (slack, floor) in modes.items():
+            for mode, (slack, floor, on) in modes.items():
                 engine.scheduler.budget = PrefillBudget(512, slack, floor, protect)  # afresh
+                engine.side = side if on else None
                 before, during, ttft = await one_round(engine, model, args.streams, prompt,
                                                        args.warm_tokens)
                 got[mode][0].extend(before)
@@ -162,6 +168,7 @@ async def main() -> None:
                       f"ITL p99 during {percentile(during, 99) * 1e3:.1f} ms, "
                       f"newcomer TTFT {ttft:.2f} s", file=sys.stderr)
     finally:
+        engine.side = side  # closed with the engine
         engine.close()
         model.close()
     print(f"\n{args.streams} streams decoding, a {args.prompt}-token prompt arrives "

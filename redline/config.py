@@ -200,6 +200,14 @@ class ModelConfig(_Section):
         "while at least this share of the slots decode (at least one); beside fewer, it takes "
         "the rest of n_batch every step: their tokens wait for its chunks, its first token "
         "does not wait for theirs. 0: always held back")
+    prefill_side: bool = Field(
+        True, description="local: a long prompt that prefill_slack would hold back (at least "
+        "prefill_protect_share of the slots decode) runs instead in a context of its own on "
+        "half the threads, in whole n_batch chunks, while the streams decode on the other "
+        "half; its cells are then copied into its slot. 7 streams beside a 1,500-token "
+        "prompt: their ITL p99 ~2x their TPOT and its first token in ~5 s, against ~3-4x and "
+        "~12 s held back (docs/BENCHMARKS.md). Needs n_threads >= 2; costs a second "
+        "context's KV (n_ctx cells) and compute buffers")
     kv_layout: Literal["unified", "per_slot"] = Field(
         "per_slot", description="local: 'per_slot': one KV stream per slot, as llama-server's "
         "-np: a step attends over each sequence's own cells only; a prefix from another slot "

@@ -73,7 +73,8 @@ class LocalBackend:
                              busy_cells=cfg.prefix_cache_tokens_decoding,
                              kv_unified=cfg.kv_layout == "unified",
                              prefill_protect=protected_streams(cfg.prefill_protect_share,
-                                                               cfg.n_seq_max))
+                                                               cfg.n_seq_max),
+                             side_prefill=cfg.prefill_side)
 
     def _speculative(self) -> NgramSettings | None:
         s = self.cfg.speculative

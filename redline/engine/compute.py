@@ -13,6 +13,13 @@ models (or of engines a test or bench builds).
 
 `run(fn, *args)` calls `fn` on that thread and returns what it returns (or raises what
 it raises); from that thread itself it is a plain call.
+
+The one exception is a prompt computed on the side (engine/side.py): a second thread,
+`side()`, computes one long prompt at a time in a context of its own while the compute
+thread goes on decoding. The cores are then split, not shared: the side's team takes
+`reserve(n)` threads, and every forward pass on the compute thread uses that many fewer
+(`threads(n)`) until `release(n)`, so the process never has more compute threads than
+cores.
 """
 
 from __future__ import annotations
@@ -43,6 +50,13 @@ class ComputeThread:
         self._thread = threading.Thread(target=self._serve, name=name, daemon=True)
         self._thread.start()
 
+    def submit(self, fn: Callable[..., Any], *args: Any) -> threading.Event:
+        """Queue `fn(*args)` (its result and errors are the caller's to keep); the event is
+        set once it has run."""
+        job = _Job(fn, args)
+        self._jobs.put(job)
+        return job.done
+
     def run(self, fn: Callable[..., T], *args: Any) -> T:
         if threading.current_thread() is self._thread:
             return fn(*args)
@@ -65,7 +79,9 @@ class ComputeThread:
 
 
 _shared: ComputeThread | None = None
+_side: ComputeThread | None = None
 _shared_lock = threading.Lock()
+_reserved = 0  # threads the side's team holds now
 
 
 def run(fn: Callable[..., T], *args: Any) -> T:
@@ -76,3 +92,35 @@ def run(fn: Callable[..., T], *args: Any) -> T:
             if _shared is None:
                 _shared = ComputeThread()
     return _shared.run(fn, *args)
+
+
+def side() -> ComputeThread:
+    """The process's one thread for prompts computed on the side (started on first use)."""
+    global _side
+    with _shared_lock:
+        if _side is None:
+            _side = ComputeThread("llama-side")
+        return _side
+
+
+def reserve(n: int) -> None:
+    """The side's team takes `n` threads: passes on the compute thread use fewer."""
+    global _reserved
+    with _shared_lock:
+        _reserved += n
+
+
+def release(n: int) -> None:
+    global _reserved
+    with _shared_lock:
+        _reserved = max(0, _reserved - n)
+
+
+def reserved() -> int:
+    return _reserved
+
+
+def threads(wanted: int) -> int:
+    """Threads for a pass on the compute thread that wants `wanted`: what the side leaves
+    (at least one)."""
+    return max(1, wanted - _reserved)

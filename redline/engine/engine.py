@@ -27,6 +27,7 @@ from collections.abc import AsyncIterator
 
 import numpy as np
 
+from redline.engine import compute
 from redline.engine.arbiter import StepArbiter
 from redline.engine.budget import FLOOR, PrefillBudget
 from redline.engine.forecast import Forecast
@@ -35,6 +36,7 @@ from redline.engine.llama import LlamaModel, LlamaRunner
 from redline.engine.sampling import token_logprobs
 from redline.engine.scheduler import KVOps, ScheduledBatch, Scheduler
 from redline.engine.sequence import Sequence
+from redline.engine.side import SIDE_MIN_TOKENS, SideJob, SidePrefill
 from redline.engine.speculative import NgramSettings, Prediction
 from redline.errors import EngineDead
 from redline.types import Chunk, FinishReason, Presence, SamplingParams, StageTimings, Usage, new_id
@@ -49,7 +51,8 @@ class Engine:
                  prefill_slack: float | None = 0.5, prefill_floor: int = FLOOR,
                  speculative: NgramSettings | None = None, host_cache_bytes: int = 0,
                  busy_cells: int | None = None, kv_unified: bool = True,
-                 prefill_protect: int = 1) -> None:
+                 prefill_protect: int = 1, side_prefill: bool = False,
+                 side_min_tokens: int = SIDE_MIN_TOKENS) -> None:
         self.model = model
         self.n_ctx_per_seq = n_ctx_per_seq
         self.runner = LlamaRunner(model, n_ctx_per_seq, n_seq_max, n_batch, n_threads, kv_unified)
@@ -61,6 +64,14 @@ class Engine:
                                                  prefill_protect),
                                    speculative, self.host, busy_cells)
         self.scheduler.contiguous = not kv_unified
+        # long prompts beside decoding streams computed on half the cores (engine/side.py);
+        # not with one thread, which has nothing to split
+        threads = self.runner.threads
+        self.side = SidePrefill(model, n_ctx_per_seq, n_batch, threads // 2,
+                                self.runner.n_stream) \
+            if side_prefill and threads >= 2 else None
+        self.side_min_tokens = side_min_tokens
+        self.side_jobs = 0  # prompts that went to the side (and landed)
         self.forecast = Forecast(n_seq_max, self.scheduler.budget)
         self.scheduler.step_cost = self.forecast.step_s  # how streams nobody reads ride
         self._inbox: list[Sequence] = []
@@ -160,6 +171,8 @@ class Engine:
             self._wake.notify()
         self._thread.join(timeout=10)
         self.arbiter.leave(self._member)
+        if self.side is not None:
+            self.side.close()
         self.runner.close()
 
     # ---- the scheduler thread ----------------------------------------------
@@ -183,9 +196,14 @@ class Engine:
                     self._save(saves)
                     continue
                 self._drop_cancelled()
+                if self.side is not None:
+                    self._side_poll()
                 if self.scheduler.has_work():
                     with self.arbiter.turn(self._member):
-                        self.step()
+                        fed = self.step()
+                    job = self.side.job if self.side is not None else None
+                    if not fed and job is not None:
+                        job.done.wait(0.05)  # nothing to step but a prompt on the side
                 self._flush()
         except BaseException as exc:  # the engine is dead: tell every waiting client
             log.exception("engine thread died")
@@ -212,15 +230,69 @@ class Engine:
             except RuntimeError:  # that loop is closed: its clients are gone
                 pass
 
-    def step(self) -> None:
+    def step(self) -> int:
+        """One batch; how many tokens it fed."""
         t0 = time.perf_counter()
         batch = self.scheduler.schedule()
         self._decode(batch)
         self._postprocess(batch)
         seconds = time.perf_counter() - t0
-        self.scheduler.observe(batch, seconds)  # the prefill budget learns
-        self.forecast.observe_step(batch.n_decode, len(batch.entries) - batch.n_decode, seconds)
+        if not compute.reserved():  # on fewer threads, a step's cost is not its cost alone
+            self.scheduler.observe(batch, seconds)  # the prefill budget learns
+            self.forecast.observe_step(batch.n_decode, len(batch.entries) - batch.n_decode,
+                                       seconds)
         self.steps += 1
+        return len(batch.entries)
+
+    # ---- prompts on the side (engine/side.py) ---------------------------------
+    def _side_poll(self) -> None:
+        """Between steps: land a prompt the side has computed, and send it the next one."""
+        side = self.side
+        assert side is not None
+        job = side.job
+        if job is not None:
+            if not job.done.is_set():
+                return
+            side.job = None
+            self._side_land(job)
+        if not side.free():
+            return  # another engine's prompt is on the side
+        seq = self.scheduler.side_candidate(self.side_min_tokens)
+        if seq is None:
+            return
+        end = seq.prefill_to - 1  # its last token runs here, for the logits of its first
+        if end > side.n_ctx:
+            return
+        start = seq.n_fed  # what its slot holds (a cached prefix, chunks fed so far)
+        prefix = None
+        if start:  # its slot's cells go along, as a one-stream state
+            prefix = side.prefix(self.runner, seq.seq_id)
+            if prefix is None:
+                return
+        job = SideJob(seq, seq.seq_id, start, end, seq.context()[:end], prefix)
+        seq.aside = job
+        if seq.scheduled_at is None:
+            seq.scheduled_at = time.perf_counter()
+        side.start(job, self.poke)
+
+    def _side_land(self, job: SideJob) -> None:
+        """Copy a done job's cells into its slot; a failed or unwanted one is dropped, and
+        its sequence (if still here) computes its prompt in the engine's steps."""
+        seq = job.seq
+        if seq.aside is not job:
+            return  # preempted meanwhile (its slot may be another's now)
+        seq.aside = None
+        if job.state is None or seq.cancelled or seq not in self.scheduler.running:
+            return
+        slot = self.scheduler.slots[job.slot]
+        self.runner.seq_remove(job.slot, -1, -1)
+        if self.runner.set_seq_state(job.slot, *job.state):
+            slot.tokens = list(job.tokens)
+            seq.n_fed = job.end
+            self.side_jobs += 1
+        else:  # no room in the buffer: from the start, here
+            slot.tokens = []
+            seq.n_fed = 0
 
     def _drop_cancelled(self) -> None:
         for seq in self.scheduler.reap_cancelled():

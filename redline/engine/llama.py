@@ -254,6 +254,43 @@ def _bytes_ptr(buf: np.ndarray) -> Any:
     return buf.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8))
 
 
+STATE_MAGIC = 0xAF143CD8  # llama.cpp's sequence state begins with it, then the seq id
+
+
+def restream(state: np.ndarray, size: int, streams: int) -> tuple[np.ndarray, int] | None:
+    """One sequence's KV state (`LlamaRunner.seq_state`) for a context with `streams` KV
+    streams, or None when it is not one sequence's state in the layout this reads.
+    llama.cpp writes a magic number and the sequence id, the context's stream count, then
+    for each stream a cell count and, where it is not 0, those cells. It reads a
+    sequence's cells into that sequence's own stream whichever stream wrote them, but
+    refuses a state whose stream count is not its own: so a per-slot context's state (1
+    stream of 8 holding cells) and a one-stream context's (engine/side.py) differ only in
+    the empty streams' zero counts. Rewritten in `state`'s own memory where it has room
+    (tens of MB: a fresh copy costs page faults, ~70 ms here), so `state` is spent."""
+    if size % 4 or size < 16:
+        return None
+    words = state[:size].view(np.uint32)
+    if words[0] != STATE_MAGIC or words[2] < 1:
+        return None
+    had = int(words[2])
+    lead = 0  # empty streams before the one with cells
+    while lead < had and 3 + lead < len(words) and words[3 + lead] == 0:
+        lead += 1
+    trail = had - 1 - lead  # and after it: their zero counts end the state
+    if lead == had or (trail and np.any(words[len(words) - trail:])):
+        return None
+    head = np.array([words[0], words[1], streams], dtype=np.uint32).view(np.uint8)
+    start, end = 4 * lead, size - 4 * trail  # the head goes right before the cells
+    out_size = end - start + 4 * (streams - 1)
+    if start + out_size > len(state):  # no room after them for the zero counts
+        body = state[start + 12:end]
+        out = np.concatenate([head, body, np.zeros(4 * (streams - 1), dtype=np.uint8)])
+        return out, len(out)
+    state[start:start + 12] = head
+    state[end:end + 4 * (streams - 1)] = 0
+    return state[start:start + out_size], out_size
+
+
 # a throwaway token (`pads`) costs about this fraction of a forward pass (SmolLM2 on 2
 # cores: 1.3-2 ms a token, ~9 ms a pass)
 PADS_PER_PASS = 4
@@ -332,8 +369,11 @@ class LlamaRunner:
     what was not asked for."""
 
     def __init__(self, model: LlamaModel, n_ctx_per_seq: int, n_seq_max: int, n_batch: int,
-                 n_threads: int, kv_unified: bool = True) -> None:
+                 n_threads: int, kv_unified: bool = True, here: bool = False) -> None:
         self.model = model
+        # here: passes run on the calling thread (the side's own, engine/side.py), with
+        # all `n_threads`; else on the compute thread, with what the side leaves
+        self.here = here
         self.n_seq_max = n_seq_max
         self.n_batch = n_batch
         params = ll.llama_context_default_params()
@@ -344,7 +384,9 @@ class LlamaRunner:
         threads = n_threads or os.cpu_count() or 1
         params.n_threads = threads
         params.n_threads_batch = threads
+        self.threads = self._threads_now = threads
         self.unified = kv_unified
+        self.n_stream = 1 if kv_unified else n_seq_max  # KV streams (restream)
         params.kv_unified = kv_unified
         params.swa_full = True  # partial removal from SWA caches needs the full cache
         params.no_perf = True
@@ -380,8 +422,16 @@ class LlamaRunner:
             b.logits[i] = 1 if e.logits else 0
         b.n_tokens = len(entries)
         try:
-            # on the process's one compute thread: one OpenMP team for all models (compute.py)
-            rc = compute.run(ll.llama_decode, self.ctx, b)
+            if self.here:
+                rc = ll.llama_decode(self.ctx, b)
+            else:
+                # on the process's one compute thread: one OpenMP team for all models, less
+                # the threads a prompt computed on the side holds now (compute.py)
+                want = compute.threads(self.threads)
+                if want != self._threads_now:
+                    ll.llama_set_n_threads(self.ctx, want, want)
+                    self._threads_now = want
+                rc = compute.run(ll.llama_decode, self.ctx, b)
         finally:
             for pad in pads:  # a pad's cell is nobody's token
                 ll.llama_memory_seq_rm(self.mem, pad.seq_id, pad.pos, pad.pos + 1)
@@ -427,11 +477,15 @@ class LlamaRunner:
         if p0 > 0:
             ll.llama_memory_seq_rm(self.mem, dst, 0, p0)
 
-    def seq_state(self, seq_id: int) -> tuple[np.ndarray, int]:
+    def seq_state(self, seq_id: int, into: np.ndarray | None = None,
+                  spare: int = 0) -> tuple[np.ndarray, int]:
         """A copy of sequence `seq_id`'s KV state (its cells), and its size in bytes (into
-        an uninitialised buffer: zeroing tens of MB first would double the copy's time)."""
+        an uninitialised buffer: zeroing tens of MB first would double the copy's time).
+        Into `into` when it has room for the state and `spare` bytes more (a buffer used
+        again touches no new pages)."""
         size = ll.llama_state_seq_get_size(self.ctx, seq_id)
-        buf = np.empty(size, dtype=np.uint8)
+        buf = into if into is not None and len(into) >= size + spare \
+            else np.empty(size + spare, dtype=np.uint8)
         return buf, ll.llama_state_seq_get_data(self.ctx, _bytes_ptr(buf), size, seq_id)
 
     def set_seq_state(self, seq_id: int, state: np.ndarray, size: int) -> bool:

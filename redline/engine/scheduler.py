@@ -234,7 +234,7 @@ class Scheduler:
         # 2. decode: one token for each sequence past its prompt, and its draft if any;
         # streams nobody reads pause while a read one runs its prompt, and otherwise
         # ride as cost allows (see the module's docstring)
-        pause = any(q.in_prefill and not q.unread for q in self.running)
+        pause = any(q.in_prefill and not q.unread and q.aside is None for q in self.running)
         anyone_reads = any(not q.unread for q in self.running)
         ready = [q for q in self.running if not q.in_prefill]
         decoding = [q for q in ready if not q.unread]
@@ -264,7 +264,7 @@ class Scheduler:
         for seq in order:
             if budget <= 0:
                 break
-            if not seq.in_prefill or (anyone_reads and seq.unread):
+            if not seq.in_prefill or seq.aside is not None or (anyone_reads and seq.unread):
                 continue  # an unread stream's prompt waits for a step nobody reads
             first = seq.scheduled_at is None
             if first:
@@ -294,6 +294,24 @@ class Scheduler:
                 entries.append(BatchEntry(token, start + i, seq.seq_id, want))
             fed.append((seq, chunk))
         return ScheduledBatch(entries, samplers, fed, kv, n_decode, drafts, scored)
+
+    def side_candidate(self, min_tokens: int) -> Sequence | None:
+        """The prompt to compute on the side now (engine/side.py), best ranked first: one
+        the budget would hold back (at least `budget.protect` read streams decode, and it
+        is not short enough to go whole), with at least `min_tokens` left to compute. Not
+        one that scores its prompt (each of its rows is sampled here) or one nobody reads."""
+        if self.budget.slack is None:
+            return None
+        decoding = sum(1 for q in self.running if not q.in_prefill and not q.unread)
+        if decoding == 0 or self.budget.yields(decoding):
+            return None
+        for seq in sorted(self.running, key=lambda q: q.rank(self.tiers)):
+            if not seq.in_prefill or seq.aside is not None or seq.unread or seq.scores_prompt:
+                continue
+            left = seq.prefill_to - seq.n_fed
+            if left >= min_tokens and not self.budget.whole(left):
+                return seq
+        return None
 
     def _limit(self, reading: int) -> float | None:
         """The longest step streams nobody reads may make beside `reading` read ones."""

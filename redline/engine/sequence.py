@@ -8,6 +8,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from redline.engine.detok import Detokenizer
 from redline.engine.sampling import Sampler
@@ -54,6 +55,8 @@ class Sequence:
     # the prompt's own log-probabilities, scored as it is computed (SamplingParams.
     # prompt_logprobs): entry i is prompt token i + 1's
     prompt_lps: list[TokenLogprob] = field(default_factory=list)
+    # the side job computing its prompt now (engine/side.py); the scheduler feeds it none
+    aside: Any = None
     _cancel: threading.Event = field(default_factory=threading.Event)
 
     def __post_init__(self) -> None:
@@ -112,6 +115,7 @@ class Sequence:
         self.state = SeqState.WAITING
         self.slot = None
         self.n_fed = 0
+        self.aside = None  # a prompt on the side is dropped with its slot
         self.prefill_to = len(self.prompt) + len(self.output)
         self.preemptions += 1
 

@@ -1,0 +1,122 @@
+"""A long prompt computed on the side, on half the cores, while streams decode.
+
+While streams decode, the prefill budget (engine/budget.py) feeds a long prompt a few
+tokens a step so that their tokens keep coming. On a CPU that is slow work: a prompt
+token in a small chunk costs 2-3x what it costs in a 512-token one, because llama.cpp's
+flash attention computes fewer than 64 query rows one row at a time and the chunk
+attends over all of the prompt before it (at position 1,400, 8 tokens add ~35 ms to a
+23 ms decode step; 256 tokens cost 2.4 ms each). With 7 streams decoding, a
+1,500-token prompt's first token came after ~12 s, and the streams' worst gap was still
+3.5x their TPOT, because the budget's floor (8 tokens a step) outgrew its slack.
+
+Here the cores are split instead of shared. The prompt runs in a context of its own, on
+a thread of its own (`compute.side()`), with `threads` threads and whole `n_batch`
+chunks; meanwhile the engine's steps run on the rest of the cores (`compute.reserve`:
+its passes use fewer threads). When the prompt is done, its cells are copied into its
+slot (`llama_state_seq_get/set_data`, ~75 ms and ~4 ms for 1,500 SmolLM2 tokens) and
+its last token runs in the engine's next step, which gives its first token. On 2 cores
+the streams decode on one (about 2x their TPOT, whatever the prompt's length) while the
+prompt takes the other (bench/engine_prefill_itl.py measures both).
+
+A job carries the cells its slot already holds (a cached prefix) along, and stops
+between chunks when its sequence is cancelled; a sequence preempted meanwhile drops its
+job (`Sequence.aside`), and the engine prefills it again as any other.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from redline.engine import compute
+from redline.engine.llama import BatchEntry, LlamaModel, LlamaRunner, restream
+from redline.engine.sequence import Sequence
+
+log = logging.getLogger(__name__)
+
+# a shorter prompt stays in the engine's steps: below 64 rows llama.cpp's attention runs
+# a row at a time anyway, and the copies in and out cost more than its chunks
+SIDE_MIN_TOKENS = 64
+
+
+@dataclass
+class SideJob:
+    """`seq`'s context from `start` (what slot `slot` holds: `prefix`, its cells) to `end`
+    (all but the last prompt token): `tokens` are its first `end` tokens."""
+
+    seq: Sequence
+    slot: int
+    start: int
+    end: int
+    tokens: list[int]
+    prefix: tuple[np.ndarray, int] | None = None
+    state: tuple[np.ndarray, int] | None = None  # the cells of tokens[:end], once done
+    error: BaseException | None = None
+    stop: bool = False  # the engine closes: stop at the next chunk
+    done: threading.Event = field(default_factory=threading.Event)
+
+
+class SidePrefill:
+    def __init__(self, model: LlamaModel, n_ctx: int, n_batch: int, threads: int,
+                 streams: int) -> None:
+        self.runner = LlamaRunner(model, n_ctx, 1, n_batch, threads, True, here=True)
+        self.threads = threads
+        self.n_ctx = n_ctx
+        self.streams = streams  # the engine context's KV streams (llama.restream)
+        self.job: SideJob | None = None  # the one running or done, not yet landed
+        # the states copied in and out, in buffers used again: tens of MB of fresh pages
+        # cost ~70 ms of page faults here, a stall if the engine's thread paid it
+        self._in = np.empty(0, dtype=np.uint8)
+        self._out = np.empty(0, dtype=np.uint8)
+
+    def prefix(self, runner: LlamaRunner, seq_id: int) -> tuple[np.ndarray, int] | None:
+        """The cells slot `seq_id` of the engine's context (`runner`) holds, as this
+        context's state (None: not in a layout `restream` reads)."""
+        self._in, size = runner.seq_state(seq_id, self._in)
+        return restream(self._in, size, 1)
+
+    @staticmethod
+    def free() -> bool:
+        """No prompt of any engine in this process is on the side now."""
+        return compute.reserved() == 0
+
+    def start(self, job: SideJob, wake: Callable[[], None]) -> None:
+        """Run `job` on the side thread; `wake()` when it is done."""
+        self.job = job
+        compute.reserve(self.threads)
+        compute.side().submit(self._run, job, wake)
+
+    def _run(self, job: SideJob, wake: Callable[[], None]) -> None:
+        r = self.runner
+        try:
+            r.clear()
+            if job.prefix is not None and not r.set_seq_state(0, *job.prefix):
+                raise RuntimeError("the side context could not take the prompt's cached prefix")
+            for s in range(job.start, job.end, r.n_batch):
+                if job.stop or job.seq.cancelled or job.seq.aside is not job:
+                    return  # nobody wants it any more
+                e = min(s + r.n_batch, job.end)
+                r.decode([BatchEntry(job.tokens[i], i, 0, i == e - 1) for i in range(s, e)])
+            self._out, size = r.seq_state(0, self._out, 4 * (self.streams - 1))
+            job.state = restream(self._out, size, self.streams)
+            if job.state is None:
+                raise RuntimeError("the side context's state is not in a layout this reads")
+        except Exception as exc:  # the engine computes the prompt itself instead
+            job.error = exc
+            log.warning("a prompt on the side failed: %s", exc)
+        finally:
+            r.clear()
+            compute.release(self.threads)
+            job.done.set()
+            wake()
+
+    def close(self) -> None:
+        job = self.job
+        if job is not None:
+            job.stop = True
+            job.done.wait(timeout=30)
+        self.runner.close()
