@@ -73,6 +73,9 @@ class Engine:
         self.side_min_tokens = side_min_tokens
         self.side_jobs = 0  # prompts that went to the side (and landed)
         self.forecast = Forecast(n_seq_max, self.scheduler.budget)
+        if self.side is not None:
+            self.forecast.side_factor = threads / self.side.threads
+            self.forecast.side_min = side_min_tokens
         self.scheduler.step_cost = self.forecast.step_s  # how streams nobody reads ride
         self._inbox: list[Sequence] = []
         self._outbox: list[tuple[Sequence, Chunk]] = []
@@ -151,8 +154,11 @@ class Engine:
                     prompt_tokens = len(tokens) - self.scheduler.reusable(tokens)
             except RuntimeError:  # a deque or the host cache changed under the copy
                 continue
+            side = self.side
             return self.forecast.ttft_s(prompt_tokens, tier, running, waiting,
-                                        self.scheduler.tiers, tokens)
+                                        self.scheduler.tiers, tokens,
+                                        side_free=side is not None and side.job is None
+                                        and side.free())
         return None
 
     def forget_costs(self) -> None:

@@ -45,6 +45,10 @@ class Forecast:
         self._s = [0.0, 0.0, 0.0, 0.0, 0.0]  # Σw, Σw·n, Σw·n², Σw·t, Σw·n·t
         # the same for a prompt-only step's seconds against its prompt tokens
         self._p = [0.0, 0.0, 0.0, 0.0, 0.0]
+        # a held-back prompt computed on the side (engine/side.py): this many times its
+        # prompt-only time (all threads over the side's), from this many tokens; None: no side
+        self.side_factor: float | None = None
+        self.side_min = 0
 
     def forget(self) -> None:
         """Drop the step fits (the answer length stays: it is the traffic's, not the
@@ -95,10 +99,11 @@ class Forecast:
 
     def ttft_s(self, prompt_tokens: int, tier: str | None, running: Iterable[Sequence],
                waiting: Iterable[Sequence], tiers: bool = True,
-               tokens: list[int] | None = None) -> float | None:
+               tokens: list[int] | None = None, side_free: bool = False) -> float | None:
         """Seconds to the first token of a new request with `prompt_tokens` to compute
         (its `tokens`, when known, find what it shares with work ahead of it); None until
-        the step costs are measured (the planner then uses its learnt fit)."""
+        the step costs are measured (the planner then uses its learnt fit). `side_free`:
+        a prompt held back would go to the side now."""
         decode_s, token_s = self.budget.decode_s, self.budget.token_s
         if decode_s is None or token_s is None:
             return None
@@ -129,6 +134,9 @@ class Forecast:
         per_step = max(1, self.budget.tokens(decoding))
         if self.budget.yields(decoding) and not self.budget.whole(prompt):
             per_step = self.budget.n_batch - decoding  # a long prompt takes the rest
+        elif side_free and self.side_factor and decoding and prompt >= self.side_min \
+                and not self.budget.whole(prompt) and (alone := self.prefill_s(prompt)):
+            return wait + alone * self.side_factor + step  # on the side, then its last token
         steps = max(1, math.ceil(prompt / per_step))
         return wait + prompt * token_s + steps * step
 
