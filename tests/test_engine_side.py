@@ -206,6 +206,9 @@ async def test_a_prompt_on_the_side_gives_the_answer_it_gives_in_the_engines_ste
                 pass
             answers[side] = await run(engine, smol, prompt)
             assert engine.side_jobs == (1 if side else 0)
+            # all but its 40 cached tokens (behind them, what its first step fed) and its
+            # last one, which the engine's step feeds for its logits
+            assert (0 < engine.side_tokens <= 599) if side else engine.side_tokens == 0
             assert compute.reserved() == 0  # the cores are the steps' again
         finally:
             engine.close()

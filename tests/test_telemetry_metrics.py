@@ -90,6 +90,9 @@ def test_engine_counters_are_read_at_scrape_time() -> None:
     assert m.value("redline_engine_host_cache_restores_total", {"model": "smol"}) == 4
     assert m.value("redline_engine_host_cache_bytes", {"model": "smol"}) == 1 << 20
     assert m.value("redline_engine_host_cache_saves_total", {"model": "smol"}) == 0
+    now["smol"]["side_prefills"], now["smol"]["side_prefill_tokens"] = 2, 2900
+    assert m.value("redline_engine_side_prefills_total", {"model": "smol"}) == 2
+    assert m.value("redline_engine_side_prefill_tokens_total", {"model": "smol"}) == 2900
     off = Metrics(enabled=False)
     off.watch_engines(lambda: now)  # nothing registered, nothing scraped
     assert b"redline_engine" not in off.render()

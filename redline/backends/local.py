@@ -321,7 +321,8 @@ class LocalBackend:
                 "slots_busy": len(s.running),  # each running sequence holds a slot
                 "host_saves": h.saves if h else 0, "host_restores": h.restores if h else 0,
                 "host_restored_tokens": h.restored_tokens if h else 0,
-                "host_bytes": h.used if h else 0}
+                "host_bytes": h.used if h else 0,
+                "side_prefills": e.side_jobs, "side_prefill_tokens": e.side_tokens}
 
     def predict_ttft_s(self, prompt_tokens: int, tier: str | None,
                        request: GenerationRequest | None = None) -> float | None:

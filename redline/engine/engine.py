@@ -72,6 +72,7 @@ class Engine:
             if side_prefill and threads >= 2 else None
         self.side_min_tokens = side_min_tokens
         self.side_jobs = 0  # prompts that went to the side (and landed)
+        self.side_tokens = 0  # the tokens those computed there
         self.forecast = Forecast(n_seq_max, self.scheduler.budget)
         if self.side is not None:
             self.forecast.side_factor = threads / self.side.threads
@@ -296,6 +297,7 @@ class Engine:
             slot.tokens = list(job.tokens)
             seq.n_fed = job.end
             self.side_jobs += 1
+            self.side_tokens += job.end - job.start
         else:  # no room in the buffer: from the start, here
             slot.tokens = []
             seq.n_fed = 0

@@ -124,7 +124,8 @@ class EngineCollector(Collector):
     """The embedded engines' scheduler counters, per model: decode steps, preemptions (a
     sequence gave its slot to another: tier S over B, or a read stream over one nobody
     reads; it continues later), forgotten cached prefixes, the host prompt cache's saves and
-    restores, and the slots and host-cache bytes in use now."""
+    restores, prompts computed on the side (engine/side.py), and the slots and host-cache
+    bytes in use now."""
 
     COUNTERS = {
         "steps": ("redline_engine_steps", "Decode steps run by the embedded engine"),
@@ -138,6 +139,10 @@ class EngineCollector(Collector):
                           "Prompt prefixes copied back from the host cache instead of computed"),
         "host_restored_tokens": ("redline_engine_host_cache_restored_tokens",
                                  "Prompt tokens copied back from the host cache"),
+        "side_prefills": ("redline_engine_side_prefills",
+                          "Long prompts computed on the side while streams decoded"),
+        "side_prefill_tokens": ("redline_engine_side_prefill_tokens",
+                                "Prompt tokens computed on the side"),
     }
     GAUGES = {
         "slots_busy": ("redline_engine_slots_busy", "Sequences holding an engine slot now"),
