@@ -7,6 +7,7 @@ the adaptive one (engine/budget.py), in the same run, on the bundled SmolLM2.
     .venv/bin/python bench/engine_prefill_itl.py --slack 0.5,1.0    # adaptive at two slacks
     .venv/bin/python bench/engine_prefill_itl.py --streams 1 --kv-layout per_slot  # one stream
     .venv/bin/python bench/engine_prefill_itl.py --side off       # without the side (side.py)
+    .venv/bin/python bench/engine_prefill_itl.py --streams 6 --newcomers 2   # two at once
 
 Each round: `--streams` streams decode (greedy, long answers); once each has given a few
 tokens, a `--prompt`-token prompt arrives. Their TPOT is the median gap between their
@@ -39,18 +40,18 @@ TEXT = ("The harbour master kept a log of every ship that came in: its name, its
         "weather it met, and the hour it tied up. Read this log and answer the question. ")
 
 
-def long_prompt(model: LlamaModel, n: int) -> list[int]:
+def long_prompt(model: LlamaModel, n: int, tag: str = "") -> list[int]:
     tokens: list[int] = []
-    text = ""
+    text = tag
     while len(tokens) < n:
         text += TEXT
         tokens = model.tokenize(text, add_special=True)
     return tokens[:n]
 
 
-async def one_round(engine: Engine, model: LlamaModel, streams: int, prompt: list[int],
+async def one_round(engine: Engine, model: LlamaModel, streams: int, prompts: list[list[int]],
                     warm_tokens: int) -> tuple[list[float], list[float], float]:
-    """(gaps before the prompt came, gaps during its prefill, its TTFT)"""
+    """(gaps before the prompts came, gaps during their prefill, the last one's TTFT)"""
     stamps: list[list[float]] = [[] for _ in range(streams)]
     started = asyncio.Event()
     long_sampling = SamplingParams(max_tokens=warm_tokens + 400, temperature=0.0, ignore_eos=True)
@@ -74,10 +75,15 @@ async def one_round(engine: Engine, model: LlamaModel, streams: int, prompt: lis
     tasks = [asyncio.create_task(stream(i)) for i in range(streams)]
     await started.wait()
     arrived = time.perf_counter()
-    newcomer = engine.generate(prompt, SamplingParams(max_tokens=2, temperature=0.0))
-    await newcomer.__anext__()
-    first = time.perf_counter()
-    await newcomer.aclose()  # type: ignore[attr-defined]
+
+    async def newcomer(prompt: list[int]) -> float:
+        it = engine.generate(prompt, SamplingParams(max_tokens=2, temperature=0.0))
+        await it.__anext__()
+        at = time.perf_counter()
+        await it.aclose()  # type: ignore[attr-defined]
+        return at
+
+    first = max(await asyncio.gather(*(newcomer(p) for p in prompts)))
     await asyncio.sleep(0.2)
     done.set()
     await asyncio.gather(*tasks)
@@ -120,6 +126,9 @@ async def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--streams", type=int, default=7)
     ap.add_argument("--prompt", type=int, default=1500)
+    ap.add_argument("--newcomers", type=int, default=1, help="prompts that arrive together "
+                    "(each its own text); 'during' lasts until the last one's first token, "
+                    "and its TTFT is reported")
     ap.add_argument("--rounds", type=int, default=3, help="per mode, interleaved")
     ap.add_argument("--warm-tokens", type=int, default=16)
     ap.add_argument("--weights", default="auto")
@@ -132,34 +141,41 @@ async def main() -> None:
                     "share of the --streams + 1 slots decode (7 of 8: it is)")
     ap.add_argument("--kv-layout", choices=("unified", "per_slot"), default="unified")
     ap.add_argument("--side", default="off,on", help="adaptive modes without and with the "
-                    "prompt computed on the side (models[].prefill_side, engine/side.py)")
+                    "prompt computed on the side (models[].prefill_side, engine/side.py); "
+                    "'nowait': on, but other held-back prompts run in small chunks while the "
+                    "side is taken (what the engine did before they waited for it)")
     args = ap.parse_args()
-    protect = protected_streams(args.protect_share, args.streams + 1)
+    slots = args.streams + args.newcomers
+    protect = protected_streams(args.protect_share, slots)
     path = served_path(bundled_path("smollm2-135m-instruct", ROOT / ".redline" / "models"),
                        args.weights)
     model = LlamaModel(str(path))
-    engine = Engine(model, n_ctx_per_seq=max(2048, args.prompt + 64), n_seq_max=args.streams + 1,
+    engine = Engine(model, n_ctx_per_seq=max(2048, args.prompt + 64), n_seq_max=slots,
                     n_batch=512, n_threads=args.threads, prefix_reuse=False,
                     kv_unified=args.kv_layout == "unified", side_prefill=True)
     side = engine.side
-    prompt = long_prompt(model, args.prompt)
+    prompts = [long_prompt(model, args.prompt, f"Log {j}. " if args.newcomers > 1 else "")
+               for j in range(args.newcomers)]
     slacks = [float(x) for x in args.slack.split(",")]
     floors = [int(x) for x in args.floor.split(",")]
-    modes: dict[str, tuple[float | None, int, bool]] = {"fixed": (None, 8, False)}
-    for on in [x == "on" for x in args.side.split(",")]:
+    modes: dict[str, tuple[float | None, int, str]] = {"fixed": (None, 8, "off")}
+    suffix = {"off": "", "on": " + side", "nowait": " + side, no wait"}
+    for how in args.side.split(","):
         for value in slacks:
             for floor in floors:
                 name = "adaptive" + (f" {value:g}" if len(slacks) > 1 else "") + (
-                    f" floor {floor}" if len(floors) > 1 else "") + (" + side" if on else "")
-                modes[name] = (value, floor, on)
+                    f" floor {floor}" if len(floors) > 1 else "") + suffix[how]
+                modes[name] = (value, floor, how)
     got: dict[str, tuple[list[float], list[float], list[float]]] = {
         m: ([], [], []) for m in modes}
     try:
         for r in range(args.rounds):
-            for mode, (slack, floor, on) in modes.items():
+            for mode, (slack, floor, how) in modes.items():
                 engine.scheduler.budget = PrefillBudget(512, slack, floor, protect)  # afresh
-                engine.side = side if on else None
-                before, during, ttft = await one_round(engine, model, args.streams, prompt,
+                engine.side = side if how != "off" else None
+                # the prompts that wait for a taken side: from side_min tokens (none: nowait)
+                engine.scheduler.side_min = 10**9 if how == "nowait" else engine.side_min_tokens
+                before, during, ttft = await one_round(engine, model, args.streams, prompts,
                                                        args.warm_tokens)
                 got[mode][0].extend(before)
                 got[mode][1].extend(during)
@@ -171,7 +187,9 @@ async def main() -> None:
         engine.side = side  # closed with the engine
         engine.close()
         model.close()
-    print(f"\n{args.streams} streams decoding, a {args.prompt}-token prompt arrives "
+    what = (f"a {args.prompt}-token prompt arrives" if args.newcomers == 1 else
+            f"{args.newcomers} prompts of {args.prompt} tokens arrive together (TTFT: the last's)")
+    print(f"\n{args.streams} streams decoding, {what} "
           f"({path.name}, n_batch 512, KV {args.kv_layout}, held back beside {protect}+ "
           f"streams, {args.rounds} rounds per mode)\n")
     print_table("prefill budget", got)

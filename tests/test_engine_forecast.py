@@ -166,23 +166,27 @@ def test_prompts_ahead_that_share_a_system_prompt_compute_it_once(
 
 def test_a_held_back_prompt_on_the_side_costs_its_prompt_only_time_on_half_the_threads(
         loop: asyncio.AbstractEventLoop) -> None:
-    """7 streams decode; a 1,000-token prompt would be held back, 8 tokens a step. With
-    the side free it runs there instead: its prompt-only time, twice over (half the
-    threads), then one step for its last token."""
+    """7 streams decode; a 1,000-token prompt would be held back, 8 tokens a step. On the
+    side it runs in prompt-only chunks instead, on half the threads: that time twice over,
+    then one step for its last token; a prompt ahead of it (on the side or waiting for it)
+    first."""
     b = PrefillBudget(512, slack=0.5, floor=8, protect=4)
     b.decode_s, b.token_s = 0.02, 0.004  # a prompt token beside decodes: 4 ms; 2 per step
     f = Forecast(8, b, expected_len=100)
     f.observe_step(0, 100, 0.130)
     f.observe_step(0, 500, 0.530)  # prompt-only steps: 30 ms + 1 ms a token
-    running = [seq(loop, f"r{i}", written=10) for i in range(7)]
+    running = [seq(loop, f"r{i}", written=10) for i in range(6)]
     held = f.ttft_s(1000, "A", running, [])
     assert held == pytest.approx(1000 * 0.004 + 125 * 0.02)  # 8 tokens a step, 125 steps
     f.side_factor, f.side_min = 2.0, 64
-    side = f.ttft_s(1000, "A", running, [], side_free=True)
+    side = f.ttft_s(1000, "A", running, [], side=True)
     assert side == pytest.approx(2 * f.prefill_s(1000) + 0.02)
     assert side < held
-    # the side busy with another prompt, a short prompt, or too few streams: as before
-    assert f.ttft_s(1000, "A", running, []) == pytest.approx(held)
-    assert f.ttft_s(40, "A", running, [], side_free=True) == f.ttft_s(40, "A", running, [])
+    ahead = seq(loop, "ahead", prompt=600)
+    ahead.n_fed = 0  # its prompt is still to compute (on the side now, or next)
+    assert f.ttft_s(1000, "A", [*running, ahead], [], side=True) \
+        == pytest.approx(2 * f.prefill_s(1600) + 0.02)
+    # a short prompt, or too few streams: as without the side
+    assert f.ttft_s(40, "A", running, [], side=True) == f.ttft_s(40, "A", running, [])
     few = running[:2]
-    assert f.ttft_s(1000, "A", few, [], side_free=True) == f.ttft_s(1000, "A", few, [])
+    assert f.ttft_s(1000, "A", few, [], side=True) == f.ttft_s(1000, "A", few, [])

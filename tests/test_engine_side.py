@@ -143,6 +143,29 @@ def test_the_side_takes_no_prompt_the_budget_would_not_hold_back(loop):
     assert s.side_candidate(10_000) is None
 
 
+def test_while_the_side_is_taken_the_next_long_prompt_waits_for_it(loop):
+    """A second held-back prompt does not run in small chunks on the threads the side
+    leaves (each costs twice as much there): it waits for the side. A short prompt still
+    goes whole, and a prompt the side failed runs in chunks."""
+    s = decoding(loop, 3)
+    s.side_min = 64
+    first, second = make(loop, range(1000, 1600), "first"), make(loop, range(3000, 3600), "second")
+    s.add(first)
+    s.add(second)
+    step(s)  # admitted: their first chunks
+    first.aside = object()
+    s.side_busy = True
+    short = make(loop, range(5000, 5012), "short")
+    s.add(short)
+    fed = {e.seq_id for e in step(s).entries}
+    assert second.seq_id not in fed and short.seq_id in fed and first.seq_id not in fed
+    second.no_side = True  # the side failed it: back to chunks
+    assert second.seq_id in {e.seq_id for e in step(s).entries}
+    assert s.side_candidate(64) is None
+    second.no_side, s.side_busy = False, False
+    assert second.seq_id in {e.seq_id for e in step(s).entries}
+
+
 # ---- the bundled model ----------------------------------------------------------------------
 
 

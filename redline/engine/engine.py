@@ -71,6 +71,7 @@ class Engine:
                                 self.runner.n_stream) \
             if side_prefill and threads >= 2 else None
         self.side_min_tokens = side_min_tokens
+        self.scheduler.side_min = side_min_tokens
         self.side_jobs = 0  # prompts that went to the side (and landed)
         self.side_tokens = 0  # the tokens those computed there
         self.forecast = Forecast(n_seq_max, self.scheduler.budget)
@@ -155,11 +156,8 @@ class Engine:
                     prompt_tokens = len(tokens) - self.scheduler.reusable(tokens)
             except RuntimeError:  # a deque or the host cache changed under the copy
                 continue
-            side = self.side
             return self.forecast.ttft_s(prompt_tokens, tier, running, waiting,
-                                        self.scheduler.tiers, tokens,
-                                        side_free=side is not None and side.job is None
-                                        and side.free())
+                                        self.scheduler.tiers, tokens, side=self.side is not None)
         return None
 
     def forget_costs(self) -> None:
@@ -205,6 +203,8 @@ class Engine:
                 self._drop_cancelled()
                 if self.side is not None:
                     self._side_poll()
+                else:
+                    self.scheduler.side_busy = False
                 if self.scheduler.has_work():
                     with self.arbiter.turn(self._member):
                         fed = self.step()
@@ -262,20 +262,24 @@ class Engine:
                 return
             side.job = None
             self._side_land(job)
+        self._side_next(side)
+        # held-back prompts wait for the side while it is taken (this engine's or another's)
+        self.scheduler.side_busy = not side.free()
+
+    def _side_next(self, side: SidePrefill) -> None:
         if not side.free():
             return  # another engine's prompt is on the side
         seq = self.scheduler.side_candidate(self.side_min_tokens)
         if seq is None:
             return
         end = seq.prefill_to - 1  # its last token runs here, for the logits of its first
-        if end > side.n_ctx:
-            return
         start = seq.n_fed  # what its slot holds (a cached prefix, chunks fed so far)
         prefix = None
         if start:  # its slot's cells go along, as a one-stream state
             prefix = side.prefix(self.runner, seq.seq_id)
-            if prefix is None:
-                return
+        if end > side.n_ctx or (start and prefix is None):
+            seq.no_side = True  # not a state the side can take: the engine's steps run it
+            return
         job = SideJob(seq, seq.seq_id, start, end, seq.context()[:end], prefix)
         seq.aside = job
         if seq.scheduled_at is None:
@@ -289,7 +293,10 @@ class Engine:
         if seq.aside is not job:
             return  # preempted meanwhile (its slot may be another's now)
         seq.aside = None
-        if job.state is None or seq.cancelled or seq not in self.scheduler.running:
+        if seq.cancelled or seq not in self.scheduler.running:
+            return
+        if job.state is None:  # it failed (logged): the engine's steps run this prompt
+            seq.no_side = True
             return
         slot = self.scheduler.slots[job.slot]
         self.runner.seq_remove(job.slot, -1, -1)
@@ -301,6 +308,7 @@ class Engine:
         else:  # no room in the buffer: from the start, here
             slot.tokens = []
             seq.n_fed = 0
+            seq.no_side = True
 
     def _drop_cancelled(self) -> None:
         for seq in self.scheduler.reap_cancelled():

@@ -99,11 +99,12 @@ class Forecast:
 
     def ttft_s(self, prompt_tokens: int, tier: str | None, running: Iterable[Sequence],
                waiting: Iterable[Sequence], tiers: bool = True,
-               tokens: list[int] | None = None, side_free: bool = False) -> float | None:
+               tokens: list[int] | None = None, side: bool = False) -> float | None:
         """Seconds to the first token of a new request with `prompt_tokens` to compute
         (its `tokens`, when known, find what it shares with work ahead of it); None until
-        the step costs are measured (the planner then uses its learnt fit). `side_free`:
-        a prompt held back would go to the side now."""
+        the step costs are measured (the planner then uses its learnt fit). `side`: a
+        prompt held back goes to the side (engine/side.py), after the prompts ahead of it
+        (the one there now counted whole)."""
         decode_s, token_s = self.budget.decode_s, self.budget.token_s
         if decode_s is None or token_s is None:
             return None
@@ -134,7 +135,7 @@ class Forecast:
         per_step = max(1, self.budget.tokens(decoding))
         if self.budget.yields(decoding) and not self.budget.whole(prompt):
             per_step = self.budget.n_batch - decoding  # a long prompt takes the rest
-        elif side_free and self.side_factor and decoding and prompt >= self.side_min \
+        elif side and self.side_factor and decoding and prompt >= self.side_min \
                 and not self.budget.whole(prompt) and (alone := self.prefill_s(prompt)):
             return wait + alone * self.side_factor + step  # on the side, then its last token
         steps = max(1, math.ceil(prompt / per_step))

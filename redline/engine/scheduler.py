@@ -185,6 +185,11 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.contiguous = False  # one KV stream per slot: place newcomers beside running ones
+        # set by the engine while the side (engine/side.py) computes a prompt: the prompts
+        # that would go there next wait for it (`side_min` tokens and more) rather than run
+        # in small chunks on the threads it leaves (each at twice a chunk's cost there)
+        self.side_busy = False
+        self.side_min = 0
 
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
@@ -261,11 +266,14 @@ class Scheduler:
             budget = min(budget, self._unread_prompt(n_decode))
         order = sorted(self.running, key=lambda q: q.rank(self.tiers)) if self.tiers \
             else self.running
+        reading = self._reading_decoders() if self.side_busy else 0
         for seq in order:
             if budget <= 0:
                 break
             if not seq.in_prefill or seq.aside is not None or (anyone_reads and seq.unread):
                 continue  # an unread stream's prompt waits for a step nobody reads
+            if self.side_busy and self.for_side(seq, reading, self.side_min):
+                continue  # it waits for the side
             first = seq.scheduled_at is None
             if first:
                 seq.scheduled_at = time.perf_counter()
@@ -297,21 +305,29 @@ class Scheduler:
 
     def side_candidate(self, min_tokens: int) -> Sequence | None:
         """The prompt to compute on the side now (engine/side.py), best ranked first: one
-        the budget would hold back (at least `budget.protect` read streams decode, and it
-        is not short enough to go whole), with at least `min_tokens` left to compute. Not
-        one that scores its prompt (each of its rows is sampled here) or one nobody reads."""
-        if self.budget.slack is None:
-            return None
-        decoding = sum(1 for q in self.running if not q.in_prefill and not q.unread)
-        if decoding == 0 or self.budget.yields(decoding):
-            return None
+        the budget would hold back (`for_side`)."""
+        decoding = self._reading_decoders()
         for seq in sorted(self.running, key=lambda q: q.rank(self.tiers)):
-            if not seq.in_prefill or seq.aside is not None or seq.unread or seq.scores_prompt:
-                continue
-            left = seq.prefill_to - seq.n_fed
-            if left >= min_tokens and not self.budget.whole(left):
+            if self.for_side(seq, decoding, min_tokens):
                 return seq
         return None
+
+    def for_side(self, seq: Sequence, decoding: int, min_tokens: int) -> bool:
+        """Whether `seq`'s prompt goes to the side, with `decoding` read streams decoding:
+        one the budget would hold back (at least `budget.protect` of them, and it is not
+        short enough to go whole), with at least `min_tokens` left to compute. Not one that
+        scores its prompt (each of its rows is sampled here), one nobody reads, or one the
+        side failed once."""
+        if self.budget.slack is None or decoding == 0 or self.budget.yields(decoding):
+            return False
+        if not seq.in_prefill or seq.aside is not None or seq.unread or seq.scores_prompt \
+                or seq.no_side:
+            return False
+        left = seq.prefill_to - seq.n_fed
+        return left >= min_tokens and not self.budget.whole(left)
+
+    def _reading_decoders(self) -> int:
+        return sum(1 for q in self.running if not q.in_prefill and not q.unread)
 
     def _limit(self, reading: int) -> float | None:
         """The longest step streams nobody reads may make beside `reading` read ones."""

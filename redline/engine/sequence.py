@@ -57,6 +57,7 @@ class Sequence:
     prompt_lps: list[TokenLogprob] = field(default_factory=list)
     # the side job computing its prompt now (engine/side.py); the scheduler feeds it none
     aside: Any = None
+    no_side: bool = False  # the side failed it once: its prompt runs in the engine's steps
     _cancel: threading.Event = field(default_factory=threading.Event)
 
     def __post_init__(self) -> None:
