@@ -207,7 +207,8 @@ class ModelConfig(_Section):
         "half; its cells are then copied into its slot. 7 streams beside a 1,500-token "
         "prompt: their ITL p99 ~2x their TPOT and its first token in ~5 s, against ~3-4x and "
         "~12 s held back (docs/BENCHMARKS.md). Needs n_threads >= 2; costs a second "
-        "context's KV (n_ctx cells) and compute buffers")
+        "context's KV (n_ctx cells) and compute buffers (+76 MB resident for the two default "
+        "models)")
     kv_layout: Literal["unified", "per_slot"] = Field(
         "per_slot", description="local: 'per_slot': one KV stream per slot, as llama-server's "
         "-np: a step attends over each sequence's own cells only; a prefix from another slot "
