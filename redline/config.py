@@ -203,8 +203,9 @@ class ModelConfig(_Section):
     prefill_side: bool = Field(
         True, description="local: a long prompt that prefill_slack would hold back (at least "
         "prefill_protect_share of the slots decode) runs instead in a context of its own on "
-        "half the threads, in whole n_batch chunks, while the streams decode on the other "
-        "half; its cells are then copied into its slot. 7 streams beside a 1,500-token "
+        "a share of the threads (slack / (1 + slack), at least 1, at most half: 1 of 2), in "
+        "whole n_batch chunks, while the streams decode on the rest; its cells are then "
+        "copied into its slot. 7 streams beside a 1,500-token "
         "prompt: their ITL p99 ~2x their TPOT and its first token in ~5 s, against ~3-4x and "
         "~12 s held back (docs/BENCHMARKS.md). Needs n_threads >= 2; costs a second "
         "context's KV (n_ctx cells) and compute buffers (+76 MB resident for the two default "

@@ -17,6 +17,7 @@ from redline.engine.engine import Engine
 from redline.engine.llama import STATE_MAGIC, BatchEntry, LlamaModel, LlamaRunner, restream
 from redline.engine.scheduler import Scheduler
 from redline.engine.sequence import Sequence
+from redline.engine.side import side_threads
 from redline.models import bundled_path
 from redline.types import Message, SamplingParams
 
@@ -275,6 +276,13 @@ def test_the_side_is_a_model_setting_and_needs_two_threads(smol):
         assert one.side is None  # one thread: nothing to split
     finally:
         one.close()
+
+
+def test_the_side_takes_what_keeps_the_streams_within_the_slack():
+    assert [side_threads(n, 0.5) for n in (1, 2, 3, 4, 8, 16)] == [0, 1, 1, 1, 2, 5]
+    assert [side_threads(n, 1.0) for n in (2, 4, 8)] == [1, 2, 4]  # half: 2x
+    assert side_threads(8, None) == 4  # a fixed budget (the side is not used then)
+    assert side_threads(8, 9.0) == 4  # never more than half
 
 
 def test_a_per_slot_state_loads_into_the_sides_context_and_back(smol):

@@ -36,7 +36,7 @@ from redline.engine.llama import LlamaModel, LlamaRunner
 from redline.engine.sampling import token_logprobs
 from redline.engine.scheduler import KVOps, ScheduledBatch, Scheduler
 from redline.engine.sequence import Sequence
-from redline.engine.side import SIDE_MIN_TOKENS, SideJob, SidePrefill
+from redline.engine.side import SIDE_MIN_TOKENS, SideJob, SidePrefill, side_threads
 from redline.engine.speculative import NgramSettings, Prediction
 from redline.errors import EngineDead
 from redline.types import Chunk, FinishReason, Presence, SamplingParams, StageTimings, Usage, new_id
@@ -64,12 +64,12 @@ class Engine:
                                                  prefill_protect),
                                    speculative, self.host, busy_cells)
         self.scheduler.contiguous = not kv_unified
-        # long prompts beside decoding streams computed on half the cores (engine/side.py);
-        # not with one thread, which has nothing to split
+        # long prompts beside decoding streams computed on some of the threads
+        # (engine/side.py); not with one thread, which has nothing to split
         threads = self.runner.threads
-        self.side = SidePrefill(model, n_ctx_per_seq, n_batch, threads // 2,
-                                self.runner.n_stream) \
-            if side_prefill and threads >= 2 else None
+        spare = side_threads(threads, prefill_slack)
+        self.side = SidePrefill(model, n_ctx_per_seq, n_batch, spare, self.runner.n_stream) \
+            if side_prefill and spare else None
         self.side_min_tokens = side_min_tokens
         self.scheduler.side_min = side_min_tokens
         self.side_jobs = 0  # prompts that went to the side (and landed)

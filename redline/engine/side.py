@@ -1,4 +1,4 @@
-"""A long prompt computed on the side, on half the cores, while streams decode.
+"""A long prompt computed on the side, on some of the cores, while streams decode.
 
 While streams decode, the prefill budget (engine/budget.py) feeds a long prompt a few
 tokens a step so that their tokens keep coming. On a CPU that is slow work: a prompt
@@ -10,7 +10,7 @@ attends over all of the prompt before it (at position 1,400, 8 tokens add ~35 ms
 3.5x their TPOT, because the budget's floor (8 tokens a step) outgrew its slack.
 
 Here the cores are split instead of shared. The prompt runs in a context of its own, on
-a thread of its own (`compute.side()`), with `threads` threads and whole `n_batch`
+a thread of its own (`compute.side()`), with `side_threads` threads and whole `n_batch`
 chunks; meanwhile the engine's steps run on the rest of the cores (`compute.reserve`:
 its passes use fewer threads). When the prompt is done, its cells are copied into its
 slot (`llama_state_seq_get/set_data`, ~75 ms and ~4 ms for 1,500 SmolLM2 tokens) and
@@ -41,6 +41,17 @@ log = logging.getLogger(__name__)
 # a shorter prompt stays in the engine's steps: below 64 rows llama.cpp's attention runs
 # a row at a time anyway, and the copies in and out cost more than its chunks
 SIDE_MIN_TOKENS = 64
+
+
+def side_threads(threads: int, slack: float | None) -> int:
+    """The threads the side takes of an engine's `threads` (0: none to spare): as many as
+    leave the streams' steps within (1 + slack)x their time on all of them (the prefill
+    budget's own promise, if steps scale with threads), at most half, at least one. On 2
+    cores that is 1 of 2 (the streams' steps ~1.8x: the figures above); on 8, 2 of 8."""
+    if threads < 2:
+        return 0
+    share = (slack or 1.0) / (1.0 + (slack or 1.0))
+    return max(1, min(threads // 2, int(threads * share)))
 
 
 @dataclass
