@@ -42,6 +42,8 @@ async def test_the_model_settings_reach_the_engine_and_it_serves():
         assert backend.engine.scheduler.contiguous  # newcomers placed beside running slots
         # and the share of slots a long prompt is held back for: both of them
         assert backend.engine.scheduler.budget.protect == 2
+        # and long prompts held back for them run on the side, on 1 of the 2 threads
+        assert backend.engine.side is not None and backend.engine.side.threads == 1
         req = GenerationRequest(model="smol", messages=(Message("user", "Name three colours."),),
                                 sampling=SamplingParams(max_tokens=8, temperature=0.0))
         text = "".join([c.text async for c in backend.stream(req)])
