@@ -267,6 +267,35 @@ async def test_a_prompt_cancelled_on_the_side_is_dropped_and_the_streams_go_on(s
         engine.close()
 
 
+@pytest.mark.slow
+async def test_a_prompt_the_side_fails_runs_in_the_engines_steps(smol, monkeypatch, caplog):
+    """The side computes the prompt but its state comes back in a layout `restream` does
+    not read (a llama.cpp upgrade, say): the job fails, is logged, and the prompt runs in
+    the engine's steps from where its slot was, with the answer it gives there and no
+    second try on the side."""
+    import redline.engine.side as side_module
+
+    real = side_module.restream
+
+    def narrows_only(state, size, streams):  # the prefix goes in; the result cannot come out
+        return real(state, size, streams) if streams == 1 else None
+
+    prompt = smol.tokenize(LOG * 30, add_special=True)[:400]
+    answers = []
+    for broken in (False, True):
+        if broken:
+            monkeypatch.setattr(side_module, "restream", narrows_only)
+        engine = Engine(smol, n_ctx_per_seq=1024, n_seq_max=4, n_batch=256, n_threads=2,
+                        kv_unified=False, side_prefill=broken, prefill_protect=1)
+        try:
+            answers.append(await run(engine, smol, prompt))
+            assert engine.side_jobs == 0 and compute.reserved() == 0
+        finally:
+            engine.close()
+    assert answers[1][1] == answers[0][1] and answers[1][1][1] == 6
+    assert "a prompt on the side failed" in caplog.text
+
+
 def test_the_side_is_a_model_setting_and_needs_two_threads(smol):
     assert ModelConfig(name="m", bundled="smollm2-135m-instruct").prefill_side is True
     assert ModelConfig(name="m", bundled="smollm2-135m-instruct", prefill_side=False) \
