@@ -331,3 +331,59 @@ def test_a_per_slot_state_loads_into_the_sides_context_and_back(smol):
     finally:
         a.close()
         b.close()
+
+
+@pytest.mark.slow
+def test_over_http_a_long_prompt_beside_streams_is_answered_from_the_side(server_factory):
+    """A real user's view, through `redline serve` and the official `openai` client: two
+    streams are being read when a long document question arrives; it is answered (the
+    same greedy answer as when asked alone), and /metrics counts a prompt computed on the
+    side."""
+    import re
+    import threading
+
+    import httpx
+    import openai
+    from conftest import SMOL, smol_config
+
+    cfg = smol_config()
+    # no prefix reuse: the question asked again is computed again, not found in a slot
+    cfg["models"][0].update(n_seq_max=4, n_threads=2, prefill_protect_share=0.25,
+                            prefix_reuse=False)
+    cfg["cache"] = {"enabled": False}
+    url = server_factory(cfg).url
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0)
+    question = [{"role": "user", "content": LOG * 12 + "Which ship came in last?"}]
+
+    def ask() -> str:
+        r = client.chat.completions.create(model=SMOL, messages=question, max_tokens=8,
+                                           temperature=0)
+        return r.choices[0].message.content or ""
+
+    def side_prefills() -> float:
+        text = httpx.get(f"{url}/metrics").text
+        m = re.search(rf'^redline_engine_side_prefills_total{{model="{SMOL}"}} (\S+)$', text,
+                      re.M)
+        return float(m.group(1)) if m else 0.0
+
+    alone = ask()  # nothing decodes beside it: the whole batch, not the side
+    assert side_prefills() == 0
+    reading = [threading.Event(), threading.Event()]
+
+    def stream(i: int) -> None:
+        with client.chat.completions.create(
+                model=SMOL, stream=True, max_tokens=120, temperature=0,
+                messages=[{"role": "user", "content": f"Tell story {i} about the sea."}],
+                extra_body={"ignore_eos": True}) as s:
+            for _ in s:
+                reading[i].set()
+
+    threads = [threading.Thread(target=stream, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    assert all(e.wait(60) for e in reading)
+    beside = ask()
+    for t in threads:
+        t.join(120)
+    assert beside == alone and beside
+    assert side_prefills() == 1
