@@ -182,7 +182,8 @@ LOG = ("The harbour master kept a log of every ship that came in: its name, its 
 
 
 async def run(engine: Engine, model: LlamaModel, long_prompt: list[int],
-              cancel_long: bool = False) -> tuple[list[tuple[str, int]], tuple[str, int]]:
+              cancel_long: bool = False,
+              stream_tokens: int = 24) -> tuple[list[tuple[str, int]], tuple[str, int]]:
     """Two streams decode; once each has a token, the long prompt arrives. Their greedy
     (text, tokens) and the newcomer's."""
     got: list[tuple[str, int]] = [("", 0), ("", 0)]
@@ -191,8 +192,8 @@ async def run(engine: Engine, model: LlamaModel, long_prompt: list[int],
     async def stream(i: int) -> None:
         q = model.tokenize(model.render_chat((Message("user", f"Tell story {i} about the sea."),)),
                            add_special=False)
-        async for chunk in engine.generate(q, SamplingParams(max_tokens=24, temperature=0.0,
-                                                             ignore_eos=True)):
+        async for chunk in engine.generate(q, SamplingParams(max_tokens=stream_tokens,
+                                                             temperature=0.0, ignore_eos=True)):
             got[i] = (got[i][0] + chunk.text, got[i][1] + chunk.tokens)
             first[i].set()
 
@@ -243,6 +244,29 @@ async def test_a_prompt_on_the_side_gives_the_answer_it_gives_in_the_engines_ste
         # streams' rows shared passes with the prompt's chunks (64+ rows take llama.cpp's
         # tiled attention), which may move a greedy choice between near-equal tokens
         assert answers[True][0] == answers[False][0]
+
+
+@pytest.mark.slow
+async def test_a_prompt_on_the_side_comes_back_when_the_streams_it_was_held_back_for_end(smol):
+    """Two short streams decode when a 1,200-token prompt arrives: it goes to the side,
+    and once they end (nothing to hold it back for) it is recalled at its next chunk: what
+    the side computed is copied in and the engine's steps finish it on all the threads,
+    with the answer it gives held back."""
+    prompt = smol.tokenize(LOG * 60, add_special=True)[:1200]
+    answers = []
+    for side in (False, True):
+        engine = Engine(smol, n_ctx_per_seq=2048, n_seq_max=4, n_batch=256, n_threads=2,
+                        kv_unified=False, side_prefill=side, prefill_protect=1)
+        try:
+            got, newcomer = await run(engine, smol, prompt, stream_tokens=4)
+            answers.append(newcomer)
+            if side:
+                assert engine.side_jobs == 1 and engine.side_recalls == 1
+                assert 0 < engine.side_tokens < 1100  # part of it, not all
+            assert compute.reserved() == 0
+        finally:
+            engine.close()
+    assert answers[0] == answers[1] and answers[1][1] == 6
 
 
 @pytest.mark.slow

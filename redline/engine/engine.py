@@ -74,6 +74,7 @@ class Engine:
         self.scheduler.side_min = side_min_tokens
         self.side_jobs = 0  # prompts that went to the side (and landed)
         self.side_tokens = 0  # the tokens those computed there
+        self.side_recalls = 0  # of those, the ones taken back before their end
         self.forecast = Forecast(n_seq_max, self.scheduler.budget)
         if self.side is not None:
             self.forecast.side_factor = threads / self.side.threads
@@ -259,6 +260,8 @@ class Engine:
         job = side.job
         if job is not None:
             if not job.done.is_set():
+                if not job.recall and self.scheduler.side_recall():
+                    job.recall = True  # the streams it was held back for are gone
                 return
             side.job = None
             self._side_land(job)
@@ -295,16 +298,18 @@ class Engine:
         seq.aside = None
         if seq.cancelled or seq not in self.scheduler.running:
             return
-        if job.state is None:  # it failed (logged): the engine's steps run this prompt
-            seq.no_side = True
-            return
+        if job.state is None:
+            if job.error is not None:  # it failed (logged): the engine's steps run it
+                seq.no_side = True
+            return  # or it was recalled before its first chunk
         slot = self.scheduler.slots[job.slot]
         self.runner.seq_remove(job.slot, -1, -1)
         if self.runner.set_seq_state(job.slot, *job.state):
-            slot.tokens = list(job.tokens)
-            seq.n_fed = job.end
+            slot.tokens = job.tokens[:job.upto]
+            seq.n_fed = job.upto
             self.side_jobs += 1
-            self.side_tokens += job.end - job.start
+            self.side_tokens += job.upto - job.start
+            self.side_recalls += job.upto < job.end
         else:  # no room in the buffer: from the start, here
             slot.tokens = []
             seq.n_fed = 0

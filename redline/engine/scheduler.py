@@ -326,6 +326,12 @@ class Scheduler:
         left = seq.prefill_to - seq.n_fed
         return left >= min_tokens and not self.budget.whole(left)
 
+    def side_recall(self) -> bool:
+        """A prompt on the side is no longer held back: too few read streams decode now
+        (they ended), so the engine's steps take it on all the threads."""
+        decoding = self._reading_decoders()
+        return decoding == 0 or self.budget.yields(decoding)
+
     def _reading_decoders(self) -> int:
         return sum(1 for q in self.running if not q.in_prefill and not q.unread)
 

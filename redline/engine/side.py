@@ -20,7 +20,10 @@ prompt takes the other (bench/engine_prefill_itl.py measures both).
 
 A job carries the cells its slot already holds (a cached prefix) along, and stops
 between chunks when its sequence is cancelled; a sequence preempted meanwhile drops its
-job (`Sequence.aside`), and the engine prefills it again as any other.
+job (`Sequence.aside`), and the engine prefills it again as any other. When too few
+streams decode to hold the prompt back any more (they ended), the engine recalls it: the
+job stops at its next chunk, what it computed is copied in as above, and the engine's
+steps finish the prompt on all the threads.
 """
 
 from __future__ import annotations
@@ -68,6 +71,10 @@ class SideJob:
     state: tuple[np.ndarray, int] | None = None  # the cells of tokens[:end], once done
     error: BaseException | None = None
     stop: bool = False  # the engine closes: stop at the next chunk
+    # the engine wants it back (too few streams decode now to hold it back): stop at the
+    # next chunk and hand over what is done, `upto` tokens
+    recall: bool = False
+    upto: int = 0
     done: threading.Event = field(default_factory=threading.Event)
 
 
@@ -107,11 +114,17 @@ class SidePrefill:
             r.clear()
             if job.prefix is not None and not r.set_seq_state(0, *job.prefix):
                 raise RuntimeError("the side context could not take the prompt's cached prefix")
-            for s in range(job.start, job.end, r.n_batch):
+            job.upto = job.start
+            while job.upto < job.end:
                 if job.stop or job.seq.cancelled or job.seq.aside is not job:
                     return  # nobody wants it any more
-                e = min(s + r.n_batch, job.end)
+                if job.recall:
+                    break
+                s, e = job.upto, min(job.upto + r.n_batch, job.end)
                 r.decode([BatchEntry(job.tokens[i], i, 0, i == e - 1) for i in range(s, e)])
+                job.upto = e
+            if job.upto == job.start:
+                return  # recalled before any chunk: nothing to hand over
             self._out, size = r.seq_state(0, self._out, 4 * (self.streams - 1))
             job.state = restream(self._out, size, self.streams)
             if job.state is None:
