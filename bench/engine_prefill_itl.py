@@ -50,11 +50,13 @@ def long_prompt(model: LlamaModel, n: int, tag: str = "") -> list[int]:
 
 
 async def one_round(engine: Engine, model: LlamaModel, streams: int, prompts: list[list[int]],
-                    warm_tokens: int) -> tuple[list[float], list[float], float]:
-    """(gaps before the prompts came, gaps during their prefill, the last one's TTFT)"""
+                    warm_tokens: int, after: int = 400) -> tuple[list[float], list[float], float]:
+    """(gaps before the prompts came, gaps during their prefill, the last one's TTFT); the
+    streams end `after` tokens past the warm ones."""
     stamps: list[list[float]] = [[] for _ in range(streams)]
     started = asyncio.Event()
-    long_sampling = SamplingParams(max_tokens=warm_tokens + 400, temperature=0.0, ignore_eos=True)
+    long_sampling = SamplingParams(max_tokens=warm_tokens + after, temperature=0.0,
+                                   ignore_eos=True)
 
     async def stream(i: int) -> None:
         q = model.tokenize(model.render_chat((Message("user", f"Tell story {i} about the sea."),)),
@@ -131,6 +133,8 @@ async def main() -> None:
                     "and its TTFT is reported")
     ap.add_argument("--rounds", type=int, default=3, help="per mode, interleaved")
     ap.add_argument("--warm-tokens", type=int, default=16)
+    ap.add_argument("--after-tokens", type=int, default=400, help="tokens the streams give "
+                    "after the warm ones (few: they end during the prefill)")
     ap.add_argument("--weights", default="auto")
     ap.add_argument("--threads", type=int, default=0)
     ap.add_argument("--slack", default="0.5", help="the adaptive budget's slack(s), comma-separated")
@@ -143,7 +147,8 @@ async def main() -> None:
     ap.add_argument("--side", default="off,on", help="adaptive modes without and with the "
                     "prompt computed on the side (models[].prefill_side, engine/side.py); "
                     "'nowait': on, but other held-back prompts run in small chunks while the "
-                    "side is taken (what the engine did before they waited for it)")
+                    "side is taken (what the engine did before they waited for it); "
+                    "'norecall': on, but a prompt stays on the side when its streams end")
     args = ap.parse_args()
     slots = args.streams + args.newcomers
     protect = protected_streams(args.protect_share, slots)
@@ -159,7 +164,9 @@ async def main() -> None:
     slacks = [float(x) for x in args.slack.split(",")]
     floors = [int(x) for x in args.floor.split(",")]
     modes: dict[str, tuple[float | None, int, str]] = {"fixed": (None, 8, "off")}
-    suffix = {"off": "", "on": " + side", "nowait": " + side, no wait"}
+    suffix = {"off": "", "on": " + side", "nowait": " + side, no wait",
+              "norecall": " + side, no recall"}
+    recall = engine.scheduler.side_recall
     for how in args.side.split(","):
         for value in slacks:
             for floor in floors:
@@ -175,8 +182,10 @@ async def main() -> None:
                 engine.side = side if how != "off" else None
                 # the prompts that wait for a taken side: from side_min tokens (none: nowait)
                 engine.scheduler.side_min = 10**9 if how == "nowait" else engine.side_min_tokens
+                engine.scheduler.side_recall = (  # type: ignore[method-assign]
+                    (lambda: False) if how == "norecall" else recall)
                 before, during, ttft = await one_round(engine, model, args.streams, prompts,
-                                                       args.warm_tokens)
+                                                       args.warm_tokens, args.after_tokens)
                 got[mode][0].extend(before)
                 got[mode][1].extend(during)
                 got[mode][2].append(ttft)
