@@ -166,7 +166,12 @@ async def main() -> None:
     modes: dict[str, tuple[float | None, int, str]] = {"fixed": (None, 8, "off")}
     suffix = {"off": "", "on": " + side", "nowait": " + side, no wait",
               "norecall": " + side, no recall"}
-    recall = engine.scheduler.side_recall
+    recall, poll = engine.scheduler.side_recall, engine._side_poll
+
+    def poll_nowait() -> None:  # the side is used, but no prompt waits for it
+        poll()
+        engine.scheduler.side_busy = False
+
     for how in args.side.split(","):
         for value in slacks:
             for floor in floors:
@@ -180,8 +185,9 @@ async def main() -> None:
             for mode, (slack, floor, how) in modes.items():
                 engine.scheduler.budget = PrefillBudget(512, slack, floor, protect)  # afresh
                 engine.side = side if how != "off" else None
-                # the prompts that wait for a taken side: from side_min tokens (none: nowait)
-                engine.scheduler.side_min = 10**9 if how == "nowait" else engine.side_min_tokens
+                engine.scheduler.side_busy = False  # nothing on the side between rounds
+                engine._side_poll = (  # type: ignore[method-assign]
+                    poll_nowait if how == "nowait" else poll)
                 engine.scheduler.side_recall = (  # type: ignore[method-assign]
                     (lambda: False) if how == "norecall" else recall)
                 before, during, ttft = await one_round(engine, model, args.streams, prompts,

@@ -70,7 +70,6 @@ class Engine:
         spare = side_threads(threads, prefill_slack)
         self.side = SidePrefill(model, n_ctx_per_seq, n_batch, spare, self.runner.n_stream) \
             if side_prefill and spare else None
-        self.side_min_tokens = side_min_tokens
         self.scheduler.side_min = side_min_tokens
         self.side_jobs = 0  # prompts that went to the side (and landed)
         self.side_tokens = 0  # the tokens those computed there
@@ -204,8 +203,6 @@ class Engine:
                 self._drop_cancelled()
                 if self.side is not None:
                     self._side_poll()
-                else:
-                    self.scheduler.side_busy = False
                 if self.scheduler.has_work():
                     with self.arbiter.turn(self._member):
                         fed = self.step()
@@ -272,7 +269,7 @@ class Engine:
     def _side_next(self, side: SidePrefill) -> None:
         if not side.free():
             return  # another engine's prompt is on the side
-        seq = self.scheduler.side_candidate(self.side_min_tokens)
+        seq = self.scheduler.side_candidate(self.scheduler.side_min)
         if seq is None:
             return
         end = seq.prefill_to - 1  # its last token runs here, for the logits of its first

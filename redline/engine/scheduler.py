@@ -243,6 +243,7 @@ class Scheduler:
         anyone_reads = any(not q.unread for q in self.running)
         ready = [q for q in self.running if not q.in_prefill]
         decoding = [q for q in ready if not q.unread]
+        reading = len(decoding)  # read streams decoding (`for_side` counts them)
         if not pause:
             decoding += self._riders([q for q in ready if q.unread], len(decoding))
         drafts: dict[int, list[int]] = {}
@@ -266,7 +267,6 @@ class Scheduler:
             budget = min(budget, self._unread_prompt(n_decode))
         order = sorted(self.running, key=lambda q: q.rank(self.tiers)) if self.tiers \
             else self.running
-        reading = self._reading_decoders() if self.side_busy else 0
         for seq in order:
             if budget <= 0:
                 break

@@ -13,7 +13,8 @@ Here the cores are split instead of shared. The prompt runs in a context of its 
 a thread of its own (`compute.side()`), with `side_threads` threads and whole `n_batch`
 chunks; meanwhile the engine's steps run on the rest of the cores (`compute.reserve`:
 its passes use fewer threads). When the prompt is done, its cells are copied into its
-slot (`llama_state_seq_get/set_data`, ~75 ms and ~4 ms for 1,500 SmolLM2 tokens) and
+slot (`llama_state_seq_get/set_data`, ~7 ms and ~4 ms for 1,500 SmolLM2 tokens, in
+buffers used again) and
 its last token runs in the engine's next step, which gives its first token. On 2 cores
 the streams decode on one (about 2x their TPOT, whatever the prompt's length) while the
 prompt takes the other (bench/engine_prefill_itl.py measures both).
