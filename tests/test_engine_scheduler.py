@@ -7,7 +7,7 @@ import asyncio
 import pytest
 
 from redline.engine.host_cache import MIN_NEW_TOKENS, HostCache
-from redline.engine.scheduler import BUSY_IDLE_S, KVOps, Scheduler, common_prefix
+from redline.engine.scheduler import BUSY_IDLE_S, KVOps, Scheduler, common_prefix, restore_gain
 from redline.engine.sequence import SeqState, Sequence
 from redline.types import SamplingParams
 
@@ -332,6 +332,37 @@ def test_a_forgotten_prefix_is_saved_then_restored_instead_of_recomputed(loop):
     assert (c.slot, 0) in batch.kv.removals  # the slot is emptied before the copy comes back
     assert c.reused == c.cached == len(system)
     assert [e.token for e in batch.entries] == [5, 6]
+
+
+def test_a_host_entry_is_restored_when_it_saves_more_than_its_copy_costs(loop):
+    """Copying cells back costs microseconds a cell, a prompt token milliseconds: an entry
+    that holds a few more tokens of the prompt than any slot is restored, and a long one
+    only when it saves one token more per RESTORE_CELLS_PER_TOKEN cells it holds."""
+    header = list(range(1000, 1024))  # the chat template's start, in every slot
+    question = list(range(2000, 2026))
+    context = header + question[:10] + [9]  # 10 more tokens in the entry than in a slot
+
+    def placed(entry_tokens):
+        host = HostCache(capacity_bytes=1 << 30)
+        host.put(entry_tokens, "entry", 1)
+        s = Scheduler(n_seq_max=2, n_batch=512, host=host)
+        a = make(loop, header + [7, 8], "a")
+        s.add(a)
+        finish_after_prefill(s, a)  # its slot keeps the header
+        b = make(loop, context, "b")
+        s.add(b)
+        return s.schedule(), b
+
+    short = header + question + list(range(3000, 3064))
+    batch, b = placed(short)
+    (seq_id, entry, keep), = batch.kv.restores
+    assert restore_gain(entry) == 4
+    assert seq_id == b.slot and keep == 34 and b.reused == 34 and not batch.kv.copies
+    assert [e.token for e in batch.entries] == [9]
+    long = header + question + list(range(4000, 6000))  # 2,050 cells: 4 + 8 tokens needed
+    batch, b = placed(long)
+    assert not batch.kv.restores and b.reused == len(header)  # the header's slot, in place
+    assert len(batch.entries) == 11
 
 
 def test_a_prefix_still_in_a_slot_is_not_restored_from_the_host(loop):
