@@ -156,6 +156,36 @@ def test_a_short_prompt_runs_in_one_step_and_a_long_one_is_chunked_to_its_end(lo
     assert all(cost(b) <= 1.5 * decode_only + 1e-9 for b in batches)
 
 
+def test_with_a_stream_per_slot_a_short_newcomer_runs_alone_then_the_streams(loop) -> None:
+    """One KV stream per slot (`contiguous`): a step with decoding streams and a prompt is
+    two forward passes, and the newcomer's first token waits for both. Its prompt runs
+    alone in a step, the streams decode in the next (with it); two newcomers at once
+    alternate with the streams, so the streams wait for one prompt at a time. In the
+    unified buffer (one pass either way) the prompt joins the streams' step."""
+    def cost(batch):
+        return 0.001 + 0.002 * batch.n_decode + 0.0005 * (len(batch.entries) - batch.n_decode)
+
+    for contiguous in (True, False):
+        s = Scheduler(n_seq_max=10, n_batch=512, budget=PrefillBudget(512, 0.5))
+        s.contiguous = contiguous
+        streams = [make(loop, range(10 * i, 10 * i + 10), f"s{i}") for i in range(7)]
+        for q in streams:
+            s.add(q)
+        for _ in range(4):
+            step(s, cost)
+        a, b = (make(loop, range(3000 + 100 * i, 3043 + 100 * i), f"q{i}") for i in range(2))
+        s.add(a)
+        s.add(b)
+        batches = [step(s, cost) for _ in range(4)]
+        shape = [(x.n_decode, len(x.entries) - x.n_decode) for x in batches]
+        if contiguous:
+            assert shape == [(0, 43), (8, 0), (0, 43), (9, 0)]
+        else:
+            assert shape == [(7, 43), (8, 43), (9, 0), (9, 0)]
+        assert not a.in_prefill and not b.in_prefill
+        assert all(len(q.output) == 4 + (2 if contiguous else 4) for q in streams)
+
+
 def test_the_floor_is_set_per_model() -> None:
     """`models[].prefill_floor_tokens`: a step carries at least that many prompt tokens,
     however dear they are (1: the smallest chunks, the streams' gaps shortest)."""

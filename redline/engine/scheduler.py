@@ -205,6 +205,7 @@ class Scheduler:
         # in small chunks on the threads it leaves (each at twice a chunk's cost there)
         self.side_busy = False
         self.side_min = 0
+        self._alone_last = False  # the last step was a short prompt's alone (`_alone`)
 
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
@@ -259,7 +260,14 @@ class Scheduler:
         ready = [q for q in self.running if not q.in_prefill]
         decoding = [q for q in ready if not q.unread]
         reading = len(decoding)  # read streams decoding (`for_side` counts them)
-        if not pause:
+        alone = self._alone(reading) if self.contiguous and reading else None
+        hold_short = alone is not None and self._alone_last
+        if hold_short:
+            alone = None  # the streams' turn: short newcomers wait for the next step
+        self._alone_last = alone is not None
+        if alone is not None:
+            decoding = []  # this step is the newcomer's prompt alone; the streams go next
+        elif not pause:
             decoding += self._riders([q for q in ready if q.unread], len(decoding))
         drafts: dict[int, list[int]] = {}
         spare = self.n_batch - len(decoding)  # the room drafts may take
@@ -282,11 +290,15 @@ class Scheduler:
             budget = min(budget, self._unread_prompt(n_decode))
         order = sorted(self.running, key=lambda q: q.rank(self.tiers)) if self.tiers \
             else self.running
+        if alone is not None:
+            order = [alone]
         for seq in order:
             if budget <= 0:
                 break
             if not seq.in_prefill or seq.aside is not None or (anyone_reads and seq.unread):
                 continue  # an unread stream's prompt waits for a step nobody reads
+            if hold_short and self._short_newcomer(seq, reading):
+                continue  # it gets a step of its own next
             if self.side_busy and self.for_side(seq, reading, self.side_min):
                 continue  # it waits for the side
             first = seq.scheduled_at is None
@@ -317,6 +329,31 @@ class Scheduler:
                 entries.append(BatchEntry(token, start + i, seq.seq_id, want))
             fed.append((seq, chunk))
         return ScheduledBatch(entries, samplers, fed, kv, n_decode, drafts, scored)
+
+    def _short_newcomer(self, seq: Sequence, decoding: int) -> bool:
+        """A read prompt not yet scheduled that runs whole in one step beside `decoding`
+        streams (within the budget, or short enough to go whole), with 2 tokens or more
+        to compute."""
+        if not seq.in_prefill or seq.aside is not None or seq.unread or seq.scores_prompt \
+                or seq.scheduled_at is not None:
+            return False
+        left = seq.prefill_to - seq.n_fed
+        return left >= 2 and (left <= self.budget.tokens(decoding) or self.budget.whole(left))
+
+    def _alone(self, decoding: int) -> Sequence | None:
+        """With one KV stream per slot, a step with decoding streams and a prompt makes two
+        forward passes, one for the streams' tokens and one for the prompt's rest, and the
+        newcomer's first token waits for both. A short newcomer's prompt runs alone in a
+        step instead (one pass), and the streams decode in the next, beside it: their
+        token comes after the same two passes, the newcomer's a pass sooner. Steps
+        alternate (`_alone_last`), so that several newcomers at once do not hold the
+        streams for several prompts in a row."""
+        order = sorted(self.running, key=lambda q: q.rank(self.tiers)) if self.tiers \
+            else self.running
+        for seq in order:
+            if self._short_newcomer(seq, decoding):
+                return seq
+        return None
 
     def side_candidate(self, min_tokens: int) -> Sequence | None:
         """The prompt to compute on the side now (engine/side.py), best ranked first: one
