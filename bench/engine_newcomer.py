@@ -26,6 +26,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from engine_prefill_itl import decode_stream  # noqa: E402  (bench/ is on the path)
+
 from redline.bench.report import percentile  # noqa: E402
 from redline.engine.engine import Engine  # noqa: E402
 from redline.engine.llama import LlamaModel  # noqa: E402
@@ -43,22 +45,8 @@ async def one_round(engine: Engine, model: LlamaModel, streams: int, questions: 
     started, done = asyncio.Event(), asyncio.Event()
     long_sampling = SamplingParams(max_tokens=4000, temperature=0.0, ignore_eos=True)
 
-    async def stream(i: int) -> None:
-        q = model.tokenize(model.render_chat((Message("user", f"Tell story {i} about the sea."),)),
-                           add_special=False)
-        it = engine.generate(q, long_sampling)
-        try:
-            async for chunk in it:
-                if chunk.tokens:
-                    stamps[i].append(time.perf_counter())
-                if all(len(s) >= 8 for s in stamps):
-                    started.set()
-                if done.is_set():
-                    return
-        finally:
-            await it.aclose()  # type: ignore[attr-defined]
-
-    tasks = [asyncio.create_task(stream(i)) for i in range(streams)]
+    tasks = [asyncio.create_task(decode_stream(engine, model, i, long_sampling, stamps, started,
+                                               done, 8)) for i in range(streams)]
     await started.wait()
     begin = time.perf_counter()
     rng = random.Random(seed)

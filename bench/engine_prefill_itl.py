@@ -49,6 +49,26 @@ def long_prompt(model: LlamaModel, n: int, tag: str = "") -> list[int]:
     return tokens[:n]
 
 
+async def decode_stream(engine: Engine, model: LlamaModel, i: int, sampling: SamplingParams,
+                        stamps: list[list[float]], started: asyncio.Event, done: asyncio.Event,
+                        warm_tokens: int) -> None:
+    """Stream `i`: a story, its tokens' times into `stamps[i]`; sets `started` once every
+    stream has `warm_tokens`, and stops when `done` is set (or the answer ends)."""
+    q = model.tokenize(model.render_chat((Message("user", f"Tell story {i} about the sea."),)),
+                       add_special=False)
+    it = engine.generate(q, sampling)
+    try:
+        async for chunk in it:
+            if chunk.tokens:
+                stamps[i].append(time.perf_counter())
+            if all(len(s) >= warm_tokens for s in stamps):
+                started.set()
+            if done.is_set():
+                return
+    finally:
+        await it.aclose()  # type: ignore[attr-defined]
+
+
 async def one_round(engine: Engine, model: LlamaModel, streams: int, prompts: list[list[int]],
                     warm_tokens: int, after: int = 400) -> tuple[list[float], list[float], float]:
     """(gaps before the prompts came, gaps during their prefill, the last one's TTFT); the
@@ -58,23 +78,9 @@ async def one_round(engine: Engine, model: LlamaModel, streams: int, prompts: li
     long_sampling = SamplingParams(max_tokens=warm_tokens + after, temperature=0.0,
                                    ignore_eos=True)
 
-    async def stream(i: int) -> None:
-        q = model.tokenize(model.render_chat((Message("user", f"Tell story {i} about the sea."),)),
-                           add_special=False)
-        it = engine.generate(q, long_sampling)
-        try:
-            async for chunk in it:
-                if chunk.tokens:
-                    stamps[i].append(time.perf_counter())
-                if all(len(s) >= warm_tokens for s in stamps):
-                    started.set()
-                if done.is_set():
-                    return
-        finally:
-            await it.aclose()  # type: ignore[attr-defined]
-
     done = asyncio.Event()
-    tasks = [asyncio.create_task(stream(i)) for i in range(streams)]
+    tasks = [asyncio.create_task(decode_stream(engine, model, i, long_sampling, stamps, started,
+                                               done, warm_tokens)) for i in range(streams)]
     await started.wait()
     arrived = time.perf_counter()
 

@@ -288,10 +288,7 @@ class Scheduler:
         budget = min(self.budget.tokens(n_decode), self.n_batch - n_decode)
         if not anyone_reads:  # an unread stream's prompt keeps the step short too
             budget = min(budget, self._unread_prompt(n_decode))
-        order = sorted(self.running, key=lambda q: q.rank(self.tiers)) if self.tiers \
-            else self.running
-        if alone is not None:
-            order = [alone]
+        order = [alone] if alone is not None else self._ranked()
         for seq in order:
             if budget <= 0:
                 break
@@ -348,12 +345,16 @@ class Scheduler:
         token comes after the same two passes, the newcomer's a pass sooner. Steps
         alternate (`_alone_last`), so that several newcomers at once do not hold the
         streams for several prompts in a row."""
-        order = sorted(self.running, key=lambda q: q.rank(self.tiers)) if self.tiers \
-            else self.running
-        for seq in order:
+        for seq in self._ranked():
             if self._short_newcomer(seq, decoding):
                 return seq
         return None
+
+    def _ranked(self) -> list[Sequence]:
+        """Running sequences in the order their prompts are served: by tier, else as
+        they came."""
+        return sorted(self.running, key=lambda q: q.rank(self.tiers)) if self.tiers \
+            else self.running
 
     def side_candidate(self, min_tokens: int) -> Sequence | None:
         """The prompt to compute on the side now (engine/side.py), best ranked first: one
