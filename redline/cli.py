@@ -184,13 +184,14 @@ def _eval_cache_args(p: argparse.ArgumentParser) -> None:
     _eval_cache_args)
 def eval_cache(args: argparse.Namespace) -> int:
     from redline.cache.confirm import load_model as load_confirm_model
-    from redline.cache.embedder import load_minilm
+    from redline.cache.embedder import load_minilm, resolve_dtype
     from redline.cache.evaluate import TEST_PAIRS, TUNE_PAIRS, load_pairs, report, similarities, split_report
 
     cfg = load_config(args.config).cache
     if args.threshold is not None:
         cfg = cfg.model_copy(update={"similarity_threshold": args.threshold})
-    embedder = load_minilm(cfg.embedder_path, 0)  # no engine in this process
+    # no engine in this process; the arithmetic the server's cache uses
+    embedder = load_minilm(cfg.embedder_path, 0, resolve_dtype(cfg.embedder_dtype))
     # the check's model even where it is off, so the report shows it both ways
     strong = load_confirm_model(cfg.model_copy(update={"confirm": True}), 0)
     if args.choose is not None:
@@ -244,7 +245,7 @@ def eval_judge(args: argparse.Namespace) -> int:
     import httpx
 
     from redline.cache import judge
-    from redline.cache.embedder import load_minilm
+    from redline.cache.embedder import load_minilm, resolve_dtype
     from redline.cache.evaluate import TEST_PAIRS, TUNE_PAIRS, load_pairs
     from redline.cache.judge_eval import answers, rates, table, write
 
@@ -263,7 +264,7 @@ def eval_judge(args: argparse.Namespace) -> int:
             return await answers(client, args.model, questions, args.max_tokens, args.concurrency)
 
     said = asyncio.run(ask())
-    embedder = load_minilm(cfg.embedder_path, 0)
+    embedder = load_minilm(cfg.embedder_path, 0, resolve_dtype(cfg.embedder_dtype))
     agreement = cfg.shadow_agreement
     print(f"model {args.model}, {len(questions)} questions answered (max_tokens "
           f"{args.max_tokens}, temperature 0); judge agreement {agreement:.2f}")

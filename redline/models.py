@@ -105,6 +105,20 @@ def assemble_parts(packages: tuple[str, ...], target: Path, sha256: str) -> Path
     return target
 
 
+def _cpuinfo() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return f.read()
+    except OSError:
+        return ""
+
+
+def cpu_native_bf16() -> bool:
+    """The CPU multiplies BF16 natively (AVX512-BF16): torch's kernels use it, whatever
+    llama.cpp was built with (the semantic cache's embedder, `cache.embedder_dtype: auto`)."""
+    return cpu_bf16_flag(_cpuinfo())
+
+
 def cpu_has_bf16() -> bool:
     """`weights: auto` serves BF16 only where it is fast at one stream as well as in batches:
     the CPU has AVX512-BF16 *and* the llama.cpp build in this process was compiled with it.
@@ -114,12 +128,7 @@ def cpu_has_bf16() -> bool:
     llama-cpp-python compiles llama.cpp for the CPU it is built on (GGML_NATIVE), and pip's
     wheel cache reuses that build on other CPUs. A build without AVX512-BF16 kernels still
     runs BF16 weights through generic paths; see docs/BENCHMARKS.md for what each costs here."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpuinfo = f.read()
-    except OSError:
-        return False
-    return bf16_usable(cpuinfo, llama_system_info())
+    return bf16_usable(_cpuinfo(), llama_system_info())
 
 
 def llama_system_info() -> str:
@@ -131,10 +140,12 @@ def llama_system_info() -> str:
     return bytes(ll.llama_print_system_info()).decode("utf-8", "replace")
 
 
+def cpu_bf16_flag(cpuinfo: str) -> bool:
+    return any(line.startswith("flags") and " avx512_bf16" in line for line in cpuinfo.splitlines())
+
+
 def bf16_usable(cpuinfo: str, system_info: str) -> bool:
-    cpu = any(line.startswith("flags") and " avx512_bf16" in line for line in cpuinfo.splitlines())
-    build = "AVX512_BF16 = 1" in system_info
-    return cpu and build
+    return cpu_bf16_flag(cpuinfo) and "AVX512_BF16 = 1" in system_info
 
 
 def check_weights_type(name: str) -> None:

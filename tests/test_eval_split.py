@@ -12,6 +12,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 from redline.cache.embedder import HashingEmbedder
@@ -121,11 +122,12 @@ RECALL_FLOOR = 0.40
 @pytest.mark.slow
 def test_semantic_cache_on_the_test_part_keeps_its_precision() -> None:
     from redline.cache.confirm import load_model
-    from redline.cache.embedder import load_minilm
+    from redline.cache.embedder import load_minilm, resolve_dtype
 
     cfg = CacheConfig()  # as served: the borderline check too, when it is on by default
     pairs = load_pairs(CACHE_TEST)
-    s = score(pairs, similarities(pairs, load_minilm(None, 0), load_model(cfg, 0)), cfg)
+    fast = load_minilm(None, 0, resolve_dtype(cfg.embedder_dtype))  # BF16 on this CPU
+    s = score(pairs, similarities(pairs, fast, load_model(cfg, 0)), cfg)
     print(f"test part: precision {s.precision:.3f} (goal {GOAL}), recall {s.recall:.3f}, "
           f"wrong hits {s.wrong_by_kind}")
     assert s.precision >= PRECISION_FLOOR, s.wrong_by_kind
@@ -183,3 +185,39 @@ def test_pair_files_in_the_plain_three_column_form_and_with_a_header(tmp_path: P
     bad.write_text("maybe\ta\tb\n")
     with pytest.raises(ValueError, match="same or diff"):
         load_pairs(bad)
+
+
+@pytest.mark.slow
+def test_the_bf16_embedder_changes_no_served_decision() -> None:
+    # cache.embedder_dtype: auto computes in BF16 where the CPU has it; the threshold was
+    # chosen in float32. Over both parts' pairs, each cosine moves by < 0.01 (measured: p50
+    # 0.0004, max 0.004), no pair is served differently at the default settings, and the
+    # rows stay float32 of unit length (pooled and normalised in float32)
+    from redline.cache.embedder import load_minilm
+    from redline.cache.response_cache import accepts
+
+    cfg = CacheConfig()
+    pairs = [p for path in (*CACHE_TUNE, CACHE_TEST) for p in load_pairs(path)]
+    full, half = load_minilm(None, 0, "float32"), load_minilm(None, 0, "bfloat16")
+    f = similarities(pairs, full)[:, 0]
+    h = similarities(pairs, half)[:, 0]
+    assert 0.0 < np.abs(f - h).max() < 0.01  # > 0: it did run in BF16
+    assert [accepts(cfg, p.b, p.a, float(x)) for p, x in zip(pairs, f, strict=True)] == \
+        [accepts(cfg, p.b, p.a, float(x)) for p, x in zip(pairs, h, strict=True)]
+    rows = half.encode([p.a for p in pairs[:40]])
+    assert rows.dtype == np.float32
+    assert np.abs(np.linalg.norm(rows, axis=1) - 1.0).max() < 1e-5
+
+
+def test_the_embedder_dtype_follows_the_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    import redline.models
+    from redline.cache.embedder import resolve_dtype
+
+    monkeypatch.setattr(redline.models, "cpu_native_bf16", lambda: True)
+    assert resolve_dtype("auto") == "bfloat16"
+    assert resolve_dtype("float32") == "float32"
+    monkeypatch.setattr(redline.models, "cpu_native_bf16", lambda: False)
+    assert resolve_dtype("auto") == "float32"
+    assert resolve_dtype("bfloat16") == "bfloat16"
+    assert redline.models.cpu_bf16_flag("flags\t\t: fpu avx512f avx512_bf16 amx_tile\n")
+    assert not redline.models.cpu_bf16_flag("flags\t\t: fpu avx512f avx2\n")

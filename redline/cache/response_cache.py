@@ -37,7 +37,7 @@ from prometheus_client import Histogram
 from redline.cache import guard
 from redline.cache.confirm import Confirmer
 from redline.cache.confirm import load_model as load_confirm_model
-from redline.cache.embedder import Embedder, load_minilm
+from redline.cache.embedder import Embedder, load_minilm, resolve_dtype
 from redline.cache.error_budget import JudgeErrors
 from redline.cache.index import SemanticIndex
 from redline.cache.judge import QuestionJudge
@@ -164,7 +164,8 @@ class ResponseCache:
         if self.embedder is None:
             try:
                 path, threads = self.cfg.embedder_path, self.embedder_threads
-                self.embedder = await self._off_loop(lambda: load_minilm(path, threads))
+                dtype = resolve_dtype(self.cfg.embedder_dtype)
+                self.embedder = await self._off_loop(lambda: load_minilm(path, threads, dtype))
             except Exception:
                 log.exception("semantic cache off: the embedder did not load")
                 return
