@@ -17,8 +17,10 @@ from redline.backends.fake_upstream import UpstreamSpec
 
 @pytest.fixture(scope="module")
 def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[openai.OpenAI, str, str]]:
+    # the semantic cache on: its MiniLM (BF16 where the CPU has it) is not the API's
     with gateway_support.gateway(tmp_path_factory.mktemp("embeddings"), UpstreamSpec(),
-                                 upstream_model="served-embed") as (gw, up):
+                                 upstream_model="served-embed",
+                                 cache={"enabled": True}) as (gw, up):
         client = openai.OpenAI(base_url=f"{gw}/v1", api_key="x", max_retries=0)
         yield client, gw, up
         client.close()
@@ -75,6 +77,10 @@ def test_the_bundled_minilm(gateway: Any) -> None:
     one = client.embeddings.create(model="all-minilm-l6-v2", input=texts[0],
                                    encoding_format="float")
     assert np.allclose(one.data[0].embedding, vecs[0], atol=1e-5)
+    # float32, as sentence-transformers answers: not the cache's copy where that runs in BF16
+    from redline.cache.embedder import load_minilm
+
+    assert np.allclose(one.data[0].embedding, load_minilm(None, 1).encode([texts[0]])[0], atol=1e-5)
     r = httpx.post(f"{url}/v1/embeddings", timeout=60,
                    json={"model": "all-minilm-l6-v2", "input": "word " * 400})
     assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded"

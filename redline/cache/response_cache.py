@@ -22,13 +22,14 @@ store kind and across replicas.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 from cachetools import TTLCache
@@ -54,6 +55,7 @@ if TYPE_CHECKING:
     from redline.types import Finished
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 ENTRY = "rl:cache:e:"  # answer records, by exact key
 RING = "rl:cache:ring:"  # eviction slots → answer key
@@ -139,8 +141,11 @@ class ResponseCache:
         self.index: SemanticIndex | None = None
         self.confirm_embedder = confirm_embedder
         self.confirmer: Confirmer | None = None  # set by start() when the model is there
-        # the embedder runs on its own thread: off the event loop, one question at a time
+        # the embedder runs on its own thread, off the event loop, one pass at a time; the
+        # questions that arrive during a pass wait for the next and go in it together
         self._embed_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="cache-embed")
+        self._waiting: list[tuple[str, asyncio.Future[np.ndarray]]] = []
+        self._draining = False
         # a miss's question vector, kept until its answer is stored (so it is embedded once)
         self._vectors: TTLCache[str, np.ndarray] = TTLCache(maxsize=4096, ttl=600)
         self._tasks: set[asyncio.Task[None]] = set()
@@ -196,11 +201,47 @@ class ResponseCache:
         return await asyncio.get_running_loop().run_in_executor(self._embed_pool, fn)
 
     async def embed(self, text: str) -> np.ndarray:
-        embedder = self.embedder
-        if embedder is None:
+        """The question's vector. Questions that come while the embed thread is busy are
+        embedded together in its next pass: four short questions take ~23 ms of a core
+        in one BF16 pass, ~44 one at a time (docs/BENCHMARKS.md)."""
+        if self.embedder is None:
             raise RuntimeError("no embedder")
-        rows = await self._off_loop(lambda: embedder.encode([text]))
-        return np.asarray(rows[0], dtype=np.float32)
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future[np.ndarray] = loop.create_future()
+        self._waiting.append((text, done))
+        if not self._draining:
+            self._draining = True
+            task = loop.create_task(self._drain(self.embedder))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+        return await done
+
+    async def _drain(self, embedder: Embedder) -> None:
+        batch: list[tuple[str, asyncio.Future[np.ndarray]]] = []
+        try:
+            while self._waiting:
+                most = self.cfg.embed_batch
+                batch = [(t, f) for t, f in self._waiting[:most] if not f.done()]
+                del self._waiting[:most]
+                for part in _by_length(batch):
+                    texts = [t for t, _ in part]
+                    try:
+                        rows = await self._off_loop(functools.partial(embedder.encode, texts))
+                    except Exception as exc:  # each waiting lookup raises it, as alone
+                        for _, f in part:
+                            if not f.done():
+                                f.set_exception(exc)
+                        continue
+                    for (_, f), row in zip(part, rows, strict=True):
+                        if not f.done():  # its request may have gone meanwhile
+                            f.set_result(np.asarray(row, dtype=np.float32))
+        except asyncio.CancelledError:  # the cache is closing: nobody is left waiting
+            for _, f in batch + self._waiting:
+                f.cancel()
+            self._waiting.clear()
+            raise
+        finally:
+            self._draining = False
 
     # -- policy ----------------------------------------------------------------
     def cacheable(self, request: GenerationRequest) -> bool:
@@ -338,3 +379,15 @@ class ResponseCache:
             if self.confirmer is not None:
                 await self.confirmer.forget(old.decode().removeprefix(ENTRY))
         await self.store.set(slot, entry.encode(), ttl=self.cfg.ttl_s)
+
+
+def _by_length(batch: list[tuple[str, T]]) -> list[list[tuple[str, T]]]:
+    """A pass pads every text to its longest: texts within 2x of each other's length go
+    together, each longer run in a pass of its own."""
+    parts: list[list[tuple[str, T]]] = []
+    for item in sorted(batch, key=lambda it: len(it[0])):
+        if parts and len(item[0]) <= 2 * max(1, len(parts[-1][0][0])):
+            parts[-1].append(item)
+        else:
+            parts.append([item])
+    return parts

