@@ -221,3 +221,14 @@ def test_the_embedder_dtype_follows_the_cpu(monkeypatch: pytest.MonkeyPatch) -> 
     assert resolve_dtype("bfloat16") == "bfloat16"
     assert redline.models.cpu_bf16_flag("flags\t\t: fpu avx512f avx512_bf16 amx_tile\n")
     assert not redline.models.cpu_bf16_flag("flags\t\t: fpu avx512f avx2\n")
+
+
+def test_one_minilm_copy_per_directory_threads_and_dtype(monkeypatch: pytest.MonkeyPatch) -> None:
+    # the defaults spelt out or left out are one copy (each load reads the weights, ~3 s)
+    from redline.cache.embedder import MiniLMEmbedder, load_minilm
+
+    monkeypatch.setattr(MiniLMEmbedder, "load", lambda self: self)  # no weights read here
+    plain = load_minilm("/no/such/model", 7)
+    assert load_minilm("/no/such/model", 7, "float32") is plain
+    assert load_minilm(path="/no/such/model", threads=7) is plain
+    assert load_minilm("/no/such/model", 7, "bfloat16") is not plain

@@ -152,12 +152,17 @@ def resolve_dtype(dtype: str) -> str:
     return "bfloat16" if cpu_native_bf16() else "float32"
 
 
-@functools.lru_cache(maxsize=4)
 def load_minilm(path: str | None = None, threads: int = 1,
                 dtype: str = "float32") -> MiniLMEmbedder:
     """One loaded copy per model directory, dtype and process (weights are read-only, and
     encoding from several threads is safe), so a second app in the process starts at once.
     `threads` is process-wide in torch: the first load sets it."""
+    # every argument passed, so that `(None, 1)` and `(None, 1, "float32")` are one copy
+    return _load_minilm(path, threads, dtype)
+
+
+@functools.lru_cache(maxsize=4)
+def _load_minilm(path: str | None, threads: int, dtype: str) -> MiniLMEmbedder:
     model = MiniLMEmbedder(path, threads, dtype)
     model.load()
     return model
