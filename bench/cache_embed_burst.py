@@ -3,13 +3,16 @@ default, `cache.embed_batch: 32`) or one at a time (`embed_batch: 1`), two `redl
 serve`s on the default config side by side, and llama-server on the same file if given.
 
     .venv/bin/python bench/cache_embed_burst.py --burst 4,8 --rounds 12 \\
-        [--llama-server .bench-peer/build/bin/llama-server]
+        [--llama-server .bench-peer/build/bin/llama-server] [--cache-off] \\
+        [--baseline-tree /tmp/base --no-single]
 
 Each round sends `--burst` fresh one-line questions at once (engine_peer's short workload,
 16 greedy tokens, streamed), waits for every answer, and goes to the next target (the order
 alternates between rounds). Prints each target's first-token p50 and mean, and redline's
 `cache` stage (the exact lookup, the embedding and the index search, from `Server-Timing`)
-p50 and max: a burst's questions wait for each other at the embedder.
+p50 and max: a burst's questions wait for each other at the embedder. `--cache-off` adds
+redline with the cache off (what the lookup costs a burst); `--baseline-tree` adds the
+default config run from an older tree, in the same rounds.
 """
 
 from __future__ import annotations
@@ -72,6 +75,11 @@ def main() -> int:
     ap.add_argument("--burst", default="4,8", help="questions sent at once, comma-separated")
     ap.add_argument("--rounds", type=int, default=12)
     ap.add_argument("--llama-server", default=None, help="also llama-server (a built binary)")
+    ap.add_argument("--baseline-tree", default=None, help="also redline's default config run "
+                    "from this source tree (a `git worktree` of an older commit)")
+    ap.add_argument("--no-single", action="store_true", help="leave out `embed_batch: 1`")
+    ap.add_argument("--cache-off", action="store_true", help="also redline with `cache.enabled: false` "
+                    "(what the semantic cache's lookup costs a burst)")
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="redline-burst-"))
     one_at_a_time = tmp / "embed_batch_1.yaml"
@@ -79,9 +87,22 @@ def main() -> int:
     procs = []
     try:
         p1, batched = start_redline(tmp, None)
-        p2, single = start_redline(tmp, str(one_at_a_time))
-        procs += [p1, p2]
-        targets = {"redline": batched, "redline embed_batch 1": single}
+        procs.append(p1)
+        targets = {"redline": batched}
+        if not args.no_single:
+            p2, single = start_redline(tmp, str(one_at_a_time))
+            procs.append(p2)
+            targets["redline embed_batch 1"] = single
+        if args.baseline_tree:
+            p5, base = start_redline(tmp, None, Path(args.baseline_tree).resolve())
+            procs.append(p5)
+            targets["redline, baseline tree"] = base
+        if args.cache_off:
+            off = tmp / "cache_off.yaml"
+            off.write_text("cache:\n  enabled: false\n")
+            p4, nocache = start_redline(tmp, str(off))
+            procs.append(p4)
+            targets["redline cache off"] = nocache
         if args.llama_server:
             binary = find_or_build_llama_server(args.llama_server)
             p3, peer = start_llama_server(binary, served_path(bundled_path(MODEL, ROOT / ".redline" / "models"),

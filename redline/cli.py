@@ -191,7 +191,7 @@ def eval_cache(args: argparse.Namespace) -> int:
     if args.threshold is not None:
         cfg = cfg.model_copy(update={"similarity_threshold": args.threshold})
     # no engine in this process; the arithmetic the server's cache uses
-    embedder = load_minilm(cfg.embedder_path, 0, resolve_dtype(cfg.embedder_dtype))
+    embedder = load_minilm(cfg.embedder_path, 0, resolve_dtype(cfg.embedder_dtype), traced=True)
     # the check's model even where it is off, so the report shows it both ways
     strong = load_confirm_model(cfg.model_copy(update={"confirm": True}), 0)
     if args.choose is not None:
@@ -264,7 +264,7 @@ def eval_judge(args: argparse.Namespace) -> int:
             return await answers(client, args.model, questions, args.max_tokens, args.concurrency)
 
     said = asyncio.run(ask())
-    embedder = load_minilm(cfg.embedder_path, 0, resolve_dtype(cfg.embedder_dtype))
+    embedder = load_minilm(cfg.embedder_path, 0, resolve_dtype(cfg.embedder_dtype), traced=True)
     agreement = cfg.shadow_agreement
     print(f"model {args.model}, {len(questions)} questions answered (max_tokens "
           f"{args.max_tokens}, temperature 0); judge agreement {agreement:.2f}")

@@ -126,7 +126,8 @@ def test_semantic_cache_on_the_test_part_keeps_its_precision() -> None:
 
     cfg = CacheConfig()  # as served: the borderline check too, when it is on by default
     pairs = load_pairs(CACHE_TEST)
-    fast = load_minilm(None, 0, resolve_dtype(cfg.embedder_dtype))  # BF16 on this CPU
+    # as the server's cache runs it: traced, BF16 on this CPU
+    fast = load_minilm(None, 0, resolve_dtype(cfg.embedder_dtype), traced=True)
     s = score(pairs, similarities(pairs, fast, load_model(cfg, 0)), cfg)
     print(f"test part: precision {s.precision:.3f} (goal {GOAL}), recall {s.recall:.3f}, "
           f"wrong hits {s.wrong_by_kind}")
@@ -189,24 +190,63 @@ def test_pair_files_in_the_plain_three_column_form_and_with_a_header(tmp_path: P
 
 @pytest.mark.slow
 def test_the_bf16_embedder_changes_no_served_decision() -> None:
-    # cache.embedder_dtype: auto computes in BF16 where the CPU has it; the threshold was
-    # chosen in float32. Over both parts' pairs, each cosine moves by < 0.01 (measured: p50
-    # 0.0004, max 0.004), no pair is served differently at the default settings, and the
-    # rows stay float32 of unit length (pooled and normalised in float32)
+    # cache.embedder_dtype: auto computes in BF16 where the CPU has it, through the traced
+    # graph; the threshold was chosen in float32 by sentence-transformers. Over both parts'
+    # pairs, each cosine moves by < 0.01 (measured: p50 0.0004, max 0.004), no pair is
+    # served differently at the default settings, and the rows stay float32 of unit length
+    # (pooled and normalised in float32)
     from redline.cache.embedder import load_minilm
     from redline.cache.response_cache import accepts
 
     cfg = CacheConfig()
     pairs = [p for path in (*CACHE_TUNE, CACHE_TEST) for p in load_pairs(path)]
-    full, half = load_minilm(None, 0, "float32"), load_minilm(None, 0, "bfloat16")
-    f = similarities(pairs, full)[:, 0]
-    h = similarities(pairs, half)[:, 0]
-    assert 0.0 < np.abs(f - h).max() < 0.01  # > 0: it did run in BF16
-    assert [accepts(cfg, p.b, p.a, float(x)) for p, x in zip(pairs, f, strict=True)] == \
-        [accepts(cfg, p.b, p.a, float(x)) for p, x in zip(pairs, h, strict=True)]
-    rows = half.encode([p.a for p in pairs[:40]])
-    assert rows.dtype == np.float32
-    assert np.abs(np.linalg.norm(rows, axis=1) - 1.0).max() < 1e-5
+    full = load_minilm(None, 0, "float32")
+    for half in (load_minilm(None, 0, "bfloat16"), load_minilm(None, 0, "bfloat16", traced=True)):
+        f = similarities(pairs, full)[:, 0]
+        h = similarities(pairs, half)[:, 0]
+        assert 0.0 < np.abs(f - h).max() < 0.01  # > 0: it did run in BF16
+        assert [accepts(cfg, p.b, p.a, float(x)) for p, x in zip(pairs, f, strict=True)] == \
+            [accepts(cfg, p.b, p.a, float(x)) for p, x in zip(pairs, h, strict=True)]
+        rows = half.encode([p.a for p in pairs[:40]])
+        assert rows.dtype == np.float32
+        assert np.abs(np.linalg.norm(rows, axis=1) - 1.0).max() < 1e-5
+    assert half.graph  # the traced graph passed its check and ran
+
+
+@pytest.mark.slow
+def test_the_traced_embedder_answers_what_sentence_transformers_answers() -> None:
+    # in float32 the traced graph, the pooling and the cut are sentence-transformers' own
+    # arithmetic: the same rows to ~1e-7, a padded batch or one text at a time
+    from redline.cache.embedder import load_minilm
+
+    texts = ["hi", "Where is my parcel? It was due last Tuesday.", "word " * 300,
+             "How do I reset my password without the email on my account?"]
+    exact, traced = load_minilm(None, 0, "float32"), load_minilm(None, 0, "float32", traced=True)
+    assert traced.graph and not exact.graph
+    assert np.abs(exact.encode(texts) - traced.encode(texts)).max() < 1e-5
+    assert np.abs(exact.encode(texts[1:2]) - traced.encode(texts[1:2])).max() < 1e-5
+    assert np.abs(exact.encode(texts, 6) - traced.encode(texts, 6)).max() < 1e-5
+    assert np.abs(traced.encode(texts, 6)[2] - traced.encode(["word word word word"])[0]).max() < 1e-5
+
+
+@pytest.mark.slow
+def test_a_traced_graph_that_differs_is_not_used(monkeypatch: pytest.MonkeyPatch) -> None:
+    import redline.cache.embedder as embedder
+
+    texts = ["hi", "Where is my parcel? It was due last Tuesday."]
+    plain = embedder.load_minilm(None, 0, "float32")
+    exact = plain.encode(texts)
+    # the check finds any difference too large: the transformer runs eagerly, pooled here
+    monkeypatch.setattr(embedder, "_TRACE_TOLERANCE", -1.0)
+    eager = embedder.MiniLMEmbedder(None, 0, "float32", traced=True).load()
+    assert not eager.graph
+    assert np.abs(eager.encode(texts) - exact).max() < 1e-5
+    # a pooling other than the mean: sentence-transformers' encode, untraced
+    monkeypatch.setattr(type(plain._model[1]), "get_config_dict",
+                        lambda self: {"pooling_mode": "cls"})
+    other = embedder.MiniLMEmbedder(None, 0, "float32", traced=True).load()
+    assert not other.graph
+    assert np.abs(other.encode(texts) - exact).max() == 0.0
 
 
 def test_the_embedder_dtype_follows_the_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -232,3 +272,6 @@ def test_one_minilm_copy_per_directory_threads_and_dtype(monkeypatch: pytest.Mon
     assert load_minilm("/no/such/model", 7, "float32") is plain
     assert load_minilm(path="/no/such/model", threads=7) is plain
     assert load_minilm("/no/such/model", 7, "bfloat16") is not plain
+    assert load_minilm("/no/such/model", 7, "float32", traced=True) is not plain
+    assert load_minilm("/no/such/model", 7, "float32", True) is \
+        load_minilm("/no/such/model", 7, traced=True)

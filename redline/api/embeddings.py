@@ -32,7 +32,6 @@ from redline.api import upstream
 from redline.cache import ResponseCache
 from redline.cache.bundled import MPNET, mpnet_available, mpnet_path
 from redline.cache.embedder import (
-    MiniLMEmbedder,
     SentenceEmbedder,
     bundled_minilm_path,
     load_minilm,
@@ -85,17 +84,14 @@ def _encode(vector: np.ndarray, fmt: str) -> Any:
 
 async def local_embedder(config: RedlineConfig, cache: ResponseCache | None,
                          name: str) -> SentenceEmbedder:
-    """The bundled model `name`: the semantic cache's copy when it has loaded one in
-    float32 (one in BF16 answers within ~1e-2 of it, not what a client of an embeddings
-    API expects), else the same one loaded now (one per directory, thread setting, dtype
-    and process)."""
+    """The bundled model `name`, run by sentence-transformers in float32 (one per directory,
+    thread setting and process): not the semantic cache's copy, whose traced graph (and
+    BF16, where the CPU has it) answers within ~1e-2 of it, not what a client of an
+    embeddings API expects."""
     threads = cache.embedder_threads if cache is not None else 1
     if name == MPNET:
         path = config.cache.confirm_path or str(await asyncio.to_thread(mpnet_path))
         return await asyncio.to_thread(load_sentence_model, path, threads)
-    if cache is not None and isinstance(cache.embedder, MiniLMEmbedder) \
-            and cache.embedder.dtype == "float32":
-        return cache.embedder
     return await asyncio.to_thread(load_minilm, config.cache.embedder_path, threads)
 
 

@@ -170,7 +170,8 @@ class ResponseCache:
             try:
                 path, threads = self.cfg.embedder_path, self.embedder_threads
                 dtype = resolve_dtype(self.cfg.embedder_dtype)
-                self.embedder = await self._off_loop(lambda: load_minilm(path, threads, dtype))
+                self.embedder = await self._off_loop(
+                    lambda: load_minilm(path, threads, dtype, traced=True))
             except Exception:
                 log.exception("semantic cache off: the embedder did not load")
                 return
