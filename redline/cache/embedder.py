@@ -141,7 +141,7 @@ class SentenceEmbedder:
         try:
             with warnings.catch_warnings(), torch.inference_mode():
                 warnings.simplefilter("ignore")  # the tracer's notes on shape-fixed branches
-                graph = torch.jit.freeze(torch.jit.trace(  # type: ignore[no-untyped-call]
+                graph = torch.jit.freeze(torch.jit.trace(  # type: ignore[no-untyped-call]  # torch.jit.trace is untyped
                     self._eager, (ids, mask)))
         except Exception as exc:  # a model the tracer cannot follow: eager
             log.warning("embedder %s runs eagerly: tracing failed (%s)", self.path, exc)
