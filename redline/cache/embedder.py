@@ -92,9 +92,9 @@ class SentenceEmbedder:
         self.dtype = dtype  # the transformer's weights and activations; output is float32
         self.traced = traced  # asked for the traced graph (see the module's docstring)
         self._model: Any = None
-        self._lean = False  # encode runs transformer + mean pooling itself
         self._graph: Any = None  # the traced, frozen transformer (None: eager)
-        self._eager: Any = None  # the transformer as one module (the lean path's fallback)
+        # the transformer as one module: set, encode runs it (or the graph) and pools itself
+        self._eager: Any = None
 
     def load(self) -> SentenceEmbedder:
         """Blocking (~3 s: imports torch). Never reaches the network."""
@@ -136,7 +136,6 @@ class SentenceEmbedder:
             return
         # the eager transformer, pooled here: what the check compares the graph with
         self._eager = _hidden_class()(modules[0].auto_model).eval()
-        self._lean = True
         ids, mask = self._features(list(_PROBES[:2]), self.max_tokens)
         try:
             with warnings.catch_warnings(), torch.inference_mode():
@@ -166,7 +165,7 @@ class SentenceEmbedder:
         the hidden states on."""
         import torch
 
-        run = self._graph or self._eager
+        run = self._graph if self._graph is not None else self._eager
         rows = []
         for start in range(0, len(texts), 32):
             ids, mask = self._features(texts[start:start + 32], max_tokens)
@@ -182,7 +181,7 @@ class SentenceEmbedder:
         before it is embedded; the model cuts at its own context (max_tokens) anyway."""
         if self._model is None:
             self.load()
-        if self._lean:
+        if self._eager is not None:
             return self._encode_lean(texts, min(max_tokens or self.max_tokens, self.max_tokens))
         if max_tokens is not None and max_tokens < self.max_tokens:
             return self._encode_cut(texts, max_tokens)
