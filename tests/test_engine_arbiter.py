@@ -72,6 +72,26 @@ def test_steps_of_different_engines_never_overlap() -> None:
     assert sorted(set(log)) == ["a", "b", "c"] and len(log) == 180
 
 
+def test_contended_while_another_engine_waits() -> None:
+    """An engine stepping back to back (Engine._steps) hands the turn on once another
+    engine waits for it, and not before."""
+    arbiter = StepArbiter()
+    a = arbiter.join("a", lambda: 1)
+    b = arbiter.join("b", lambda: 1)
+    arbiter.acquire(a)
+    assert not arbiter.contended(a)
+    waiter = threading.Thread(target=lambda: (arbiter.acquire(b), arbiter.release(b)))
+    waiter.start()
+    for _ in range(2000):
+        if arbiter.contended(a):
+            break
+        threading.Event().wait(0.001)
+    assert arbiter.contended(a)
+    arbiter.release(a)
+    waiter.join(timeout=5)
+    assert not waiter.is_alive() and not arbiter.contended(a)
+
+
 def test_fair_by_core_time_not_by_turn() -> None:
     """a's steps cost 4× b's: while both have work, b takes about four steps per a step,
     so neither gets much more core time than the other (by turns, b would get a quarter)."""

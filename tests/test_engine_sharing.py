@@ -1,6 +1,6 @@
 """Both bundled models in one process, as the default config runs them: their engines
 share one StepArbiter, so their llama.cpp decodes never run at the same time, every
-decode runs on the process's one compute thread (one OpenMP team: engine/compute.py),
+step runs on the process's one compute thread (one OpenMP team: engine/compute.py),
 and each reports the other's work as its slowdown while both have some."""
 
 from __future__ import annotations
@@ -62,6 +62,15 @@ async def test_two_local_models_never_decode_at_once(tmp_path: Path,
     engine_threads = {smol.engine._thread.ident, gemma.engine._thread.ident}
     record_decodes(smol.engine, spans, "smol", lock)
     record_decodes(gemma.engine, spans, "gemma", lock)
+    scheduled_on: set[int] = set()
+    for engine in (smol.engine, gemma.engine):
+        schedule = engine.scheduler.schedule
+
+        def on_schedule(schedule=schedule):  # type: ignore[no-untyped-def]
+            scheduled_on.add(threading.get_ident())
+            return schedule()
+
+        engine.scheduler.schedule = on_schedule  # type: ignore[method-assign]
     slowdowns: list[float] = []
     try:
         def chat(q: str) -> GenerationRequest:
@@ -98,4 +107,6 @@ async def test_two_local_models_never_decode_at_once(tmp_path: Path,
     # one thread decoded for both engines, and it is neither engine's own thread
     assert len(decoded_on) == 1
     assert decoded_on.isdisjoint(engine_threads)
+    # the steps' Python runs there too: no hand-off between a step and its pass
+    assert scheduled_on == decoded_on
     assert 2.0 in slowdowns  # each saw the other's work while both had some

@@ -139,6 +139,10 @@ class StepArbiter:
                 self._reserved_until = time.monotonic() + self._grace_s
             self._cond.notify_all()
 
+    def contended(self, member: Member) -> bool:
+        """Whether an engine other than `member` (which holds the turn) waits for it."""
+        return any(m is not member for m in self._waiting)
+
     def _may_go(self, member: Member) -> bool:
         if self._holder is not None:
             return False

@@ -12,7 +12,9 @@ makes them step on one thread, so the process has one team, whatever the number 
 models (or of engines a test or bench builds).
 
 `run(fn, *args)` calls `fn` on that thread and returns what it returns (or raises what
-it raises); from that thread itself it is a plain call.
+it raises); from that thread itself it is a plain call. An engine hands it whole runs
+of steps, not single passes (`Engine._steps`): the steps' Python runs there too, so no
+thread hand-off separates one pass from the next.
 
 The one exception is a prompt computed on the side (engine/side.py): a second thread,
 `side()`, computes one long prompt at a time in a context of its own while the compute
