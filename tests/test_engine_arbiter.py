@@ -92,6 +92,25 @@ def test_contended_while_another_engine_waits() -> None:
     assert not waiter.is_alive() and not arbiter.contended(a)
 
 
+def test_a_run_of_steps_is_charged_as_it_goes() -> None:
+    """An engine that keeps the turn for many steps is charged after each: the cores it
+    uses show in `utilization` (the router's headroom) before it hands the turn on, and
+    the hand-off charges only what came after."""
+    clock = FakeClock()
+    arbiter = StepArbiter(clock=clock)
+    a = arbiter.join("a", lambda: 1)
+    arbiter.acquire(a)
+    clock.advance(2.0)
+    assert arbiter.utilization() == 0.0
+    arbiter.charge(a)
+    assert a.vtime == pytest.approx(2.0)
+    assert arbiter.utilization() == pytest.approx(0.2, rel=0.01)  # 2 s of the last 10
+    clock.advance(1.0)
+    arbiter.release(a)
+    assert a.vtime == pytest.approx(3.0)
+    assert arbiter.utilization() == pytest.approx(0.3, rel=0.01)
+
+
 def test_fair_by_core_time_not_by_turn() -> None:
     """a's steps cost 4× b's: while both have work, b takes about four steps per a step,
     so neither gets much more core time than the other (by turns, b would get a quarter)."""

@@ -110,3 +110,26 @@ async def test_two_local_models_never_decode_at_once(tmp_path: Path,
     # the steps' Python runs there too: no hand-off between a step and its pass
     assert scheduled_on == decoded_on
     assert 2.0 in slowdowns  # each saw the other's work while both had some
+
+
+async def test_one_engine_stepping_alone_shows_its_cores_busy_as_it_goes() -> None:
+    """With no other engine waiting, an engine's steps follow one another without handing
+    the turn on (Engine._steps); the cores they use still show in `cores_busy` (the
+    router's headroom for a dearer model) while the answer streams, not only after."""
+    smol = LocalBackend(ModelConfig(name="smol", bundled="smollm2-135m-instruct", n_threads=2,
+                                    n_seq_max=2, n_ctx=512, warmup=False),
+                        Path(".redline/models"), StepArbiter())
+    await smol.start()
+    assert smol.engine is not None
+    busy: list[float] = []
+    try:
+        req = GenerationRequest(model="smol", messages=(Message("user", "Count to fifty."),),
+                                sampling=SamplingParams(max_tokens=48, temperature=0.0,
+                                                        ignore_eos=True))
+        async for chunk in smol.stream(req):
+            if chunk.finish_reason is None:
+                busy.append(smol.engine.cores_busy())
+    finally:
+        await smol.close()
+    assert len(busy) >= 40
+    assert max(busy[:-8]) > 0.0, busy

@@ -39,10 +39,8 @@ class Member:
     name: str
     work: Callable[[], int]  # sequences queued or running in that engine
     vtime: float = 0.0  # core time had, seconds (caught up when it returns from idle)
-    steps: int = 0
-    step_s: float = 0.0  # EWMA of its step duration
     idle: bool = True  # had no work after its last step
-    started: float = field(default=0.0, repr=False)
+    started: float = field(default=0.0, repr=False)  # its turn began, or was last charged
     recent_s: float = 0.0  # core time, decaying with RECENT_S (a moving rate's numerator)
     recent_at: float = 0.0  # when recent_s was last brought up to date (monotonic)
 
@@ -121,17 +119,28 @@ class StepArbiter:
             self.max_holders_seen = max(self.max_holders_seen, self._holders)
         member.started = self._clock()
 
+    def charge(self, member: Member) -> None:
+        """Count the core time `member` has had since its turn began (or since it was
+        last charged) while it keeps the turn for more steps (`Engine._steps`): what it
+        uses shows in `utilization` and the others' `recent_slowdown` as it goes, not
+        only once it hands the turn on."""
+        with self._cond:
+            self._charge(member)
+
+    def _charge(self, member: Member) -> None:
+        now_clock = self._clock()
+        took = max(0.0, now_clock - member.started)
+        member.started = now_clock
+        member.vtime += took
+        now = time.monotonic()
+        member.recent_s = _decayed(member, now) + took
+        member.recent_at = now
+
     def release(self, member: Member) -> None:
-        took = max(0.0, self._clock() - member.started)
         with self._cond:
             self._holders -= 1
             self._holder = None
-            member.vtime += took
-            now = time.monotonic()
-            member.recent_s = _decayed(member, now) + took
-            member.recent_at = now
-            member.steps += 1
-            member.step_s = took if member.steps == 1 else member.step_s + 0.1 * (took - member.step_s)
+            self._charge(member)
             rivals = [m.vtime for m in self._waiting]
             member.idle = member.work() == 0
             if rivals and member.vtime < min(rivals) and not member.idle:

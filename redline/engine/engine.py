@@ -233,6 +233,7 @@ class Engine:
         while True:
             fed = self.step()
             self._flush()
+            self.arbiter.charge(self._member)
             with self._wake:
                 if self._stop or self.arbiter.contended(self._member):
                     return fed
