@@ -196,15 +196,11 @@ class Engine:
                     if not saves:
                         if self._stop:
                             break
-                        for seq in self._inbox:
-                            self.scheduler.add(seq)
-                        self._inbox.clear()
+                        self._take_inbox()
                 if saves:
                     self._save(saves)
                     continue
-                self._drop_cancelled()
-                if self.side is not None:
-                    self._side_poll()
+                self._before_step()
                 if self.scheduler.has_work():
                     with self.arbiter.turn(self._member):
                         fed = compute.run(self._steps)
@@ -237,14 +233,23 @@ class Engine:
             with self._wake:
                 if self._stop or self.arbiter.contended(self._member):
                     return fed
-                for seq in self._inbox:
-                    self.scheduler.add(seq)
-                self._inbox.clear()
-            self._drop_cancelled()
-            if self.side is not None:
-                self._side_poll()
+                self._take_inbox()
+            self._before_step()
             if not fed or not self.scheduler.has_work():
                 return fed  # idle, or only a prompt on the side: the engine thread waits
+
+    def _take_inbox(self) -> None:
+        """The submitted sequences to the scheduler (the caller holds `_wake`)."""
+        for seq in self._inbox:
+            self.scheduler.add(seq)
+        self._inbox.clear()
+
+    def _before_step(self) -> None:
+        """Drop the cancelled sequences; land a prompt the side has computed and send it
+        the next one."""
+        self._drop_cancelled()
+        if self.side is not None:
+            self._side_poll()
 
     def _deliver(self, seq: Sequence, chunk: Chunk) -> None:
         self._outbox.append((seq, chunk))
