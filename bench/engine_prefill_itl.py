@@ -8,6 +8,7 @@ the adaptive one (engine/budget.py), in the same run, on the bundled SmolLM2.
     .venv/bin/python bench/engine_prefill_itl.py --streams 1 --kv-layout per_slot  # one stream
     .venv/bin/python bench/engine_prefill_itl.py --side off       # without the side (side.py)
     .venv/bin/python bench/engine_prefill_itl.py --streams 6 --newcomers 2   # two at once
+    .venv/bin/python bench/engine_prefill_itl.py --side on --worst 4   # what sets the p99
 
 Each round: `--streams` streams decode (greedy, long answers); once each has given a few
 tokens, a `--prompt`-token prompt arrives. Their TPOT is the median gap between their
@@ -70,9 +71,12 @@ async def decode_stream(engine: Engine, model: LlamaModel, i: int, sampling: Sam
 
 
 async def one_round(engine: Engine, model: LlamaModel, streams: int, prompts: list[list[int]],
-                    warm_tokens: int, after: int = 400) -> tuple[list[float], list[float], float]:
-    """(gaps before the prompts came, gaps during their prefill, the last one's TTFT); the
-    streams end `after` tokens past the warm ones."""
+                    warm_tokens: int, after: int = 400,
+                    worst: int = 0
+                    ) -> tuple[list[float], list[float], float, list[tuple[float, float, int]]]:
+    """(gaps before the prompts came, gaps during their prefill, the last one's TTFT, the
+    prefill's `worst` longest steps (`worst_steps`)); the streams end `after` tokens past
+    the warm ones."""
     stamps: list[list[float]] = [[] for _ in range(streams)]
     started = asyncio.Event()
     long_sampling = SamplingParams(max_tokens=warm_tokens + after, temperature=0.0,
@@ -96,7 +100,28 @@ async def one_round(engine: Engine, model: LlamaModel, streams: int, prompts: li
     done.set()
     await asyncio.gather(*tasks)
     before, during = split_gaps(stamps, arrived, first)
-    return before, during, first - arrived
+    return before, during, first - arrived, worst_steps(stamps, arrived, first, worst)
+
+
+def worst_steps(stamps: list[list[float]], arrived: float, first: float,
+                n: int) -> list[tuple[float, float, int]]:
+    """The `n` longest gaps during the prefill as steps: (gap, when it ended after the
+    prompt came, how many streams' gaps end there). The streams' tokens of one step come
+    together, so one slow step is one gap in each stream: with 7 streams and ~800 gaps,
+    the p99 is the 8th longest gap, set by the second slowest step."""
+    gaps = sorted(((b - a, b) for s in stamps for a, b in zip(s, s[1:], strict=False)
+                   if b > arrived and a < first), reverse=True)
+    steps: list[tuple[float, float, int]] = []
+    for gap, end in gaps:
+        for i, (g, at, k) in enumerate(steps):
+            if abs(arrived + at - end) < 0.002:  # this step's token in another stream
+                steps[i] = (g, at, k + 1)
+                break
+        else:
+            if len(steps) == n:
+                break
+            steps.append((gap, end - arrived, 1))
+    return steps
 
 
 def split_gaps(stamps: list[list[float]], arrived: float, first: float,
@@ -141,6 +166,8 @@ async def main() -> None:
     ap.add_argument("--warm-tokens", type=int, default=16)
     ap.add_argument("--after-tokens", type=int, default=400, help="tokens the streams give "
                     "after the warm ones (few: they end during the prefill)")
+    ap.add_argument("--worst", type=int, default=0, help="print each round's N longest steps "
+                    "during the prefill (when, and how many streams' gaps each holds)")
     ap.add_argument("--weights", default="auto")
     ap.add_argument("--threads", type=int, default=0)
     ap.add_argument("--slack", default="0.5", help="the adaptive budget's slack(s), comma-separated")
@@ -196,14 +223,20 @@ async def main() -> None:
                     poll_nowait if how == "nowait" else poll)
                 engine.scheduler.side_recall = (  # type: ignore[method-assign]
                     (lambda: False) if how == "norecall" else recall)
-                before, during, ttft = await one_round(engine, model, args.streams, prompts,
-                                                       args.warm_tokens, args.after_tokens)
+                before, during, ttft, steps = await one_round(
+                    engine, model, args.streams, prompts, args.warm_tokens, args.after_tokens,
+                    args.worst)
                 got[mode][0].extend(before)
                 got[mode][1].extend(during)
                 got[mode][2].append(ttft)
                 print(f"round {r + 1} {mode}: TPOT {statistics.median(before) * 1e3:.1f} ms, "
                       f"ITL p99 during {percentile(during, 99) * 1e3:.1f} ms, "
                       f"newcomer TTFT {ttft:.2f} s", file=sys.stderr)
+                if steps:
+                    print("   longest steps during the prefill (gap, when after the prompt "
+                          "came, streams' gaps it holds): " + ", ".join(
+                              f"{g * 1e3:.0f} ms @ {at:.2f} s x{k}" for g, at, k in steps),
+                          file=sys.stderr)
     finally:
         engine.side = side  # closed with the engine
         engine.close()
