@@ -109,6 +109,8 @@ def worst_steps(stamps: list[list[float]], arrived: float, first: float,
     prompt came, how many streams' gaps end there). The streams' tokens of one step come
     together, so one slow step is one gap in each stream: with 7 streams and ~800 gaps,
     the p99 is the 8th longest gap, set by the second slowest step."""
+    if n <= 0:
+        return []
     gaps = sorted(((b - a, b) for s in stamps for a, b in zip(s, s[1:], strict=False)
                    if b > arrived and a < first), reverse=True)
     steps: list[tuple[float, float, int]] = []
@@ -117,10 +119,9 @@ def worst_steps(stamps: list[list[float]], arrived: float, first: float,
             if abs(arrived + at - end) < 0.002:  # this step's token in another stream
                 steps[i] = (g, at, k + 1)
                 break
-        else:
-            if len(steps) == n:
-                break
-            steps.append((gap, end - arrived, 1))
+        else:  # a new step; past the first n, its gaps only interleave with theirs
+            if len(steps) < n:
+                steps.append((gap, end - arrived, 1))
     return steps
 
 

@@ -39,3 +39,12 @@ def test_gaps_outside_the_prefill_are_not_its_steps() -> None:
     assert [round(g, 2) for g, _, _ in got] == [0.25, 0.02, 0.02]  # the gap that spans it
     assert got[0][2] == 2
     assert max(during) < 0.26
+
+
+def test_a_step_counts_its_gaps_that_come_after_another_steps() -> None:
+    """Sorted by length, one step's gaps may interleave with another's: each listed step
+    still counts all of its streams' gaps."""
+    a = [1.00, 1.02, 1.07, 1.09, 1.11, 1.16]  # 50 ms at 1.07, 50 ms at 1.16
+    b = [1.00, 1.02, 1.069, 1.09, 1.11, 1.159]  # 49 ms at 1.069, 49 ms at 1.159
+    got = itl.worst_steps([a, b], arrived=1.01, first=1.2, n=1)
+    assert len(got) == 1 and got[0][2] == 2
