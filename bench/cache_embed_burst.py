@@ -4,7 +4,7 @@ serve`s on the default config side by side, and llama-server on the same file if
 
     .venv/bin/python bench/cache_embed_burst.py --burst 4,8 --rounds 12 \\
         [--llama-server .bench-peer/build/bin/llama-server] [--cache-off] \\
-        [--baseline-tree /tmp/base --no-single]
+        [--baseline-tree /tmp/base --no-single] [--no-skip --warm 64]
 
 Each round sends `--burst` fresh one-line questions at once (engine_peer's short workload,
 16 greedy tokens, streamed), waits for every answer, and goes to the next target (the order
@@ -12,7 +12,11 @@ alternates between rounds). Prints each target's first-token p50 and mean, and r
 `cache` stage (the exact lookup, the embedding and the index search, from `Server-Timing`)
 p50 and max: a burst's questions wait for each other at the embedder. `--cache-off` adds
 redline with the cache off (what the lookup costs a burst); `--baseline-tree` adds the
-default config run from an older tree, in the same rounds.
+default config run from an older tree, in the same rounds; `--no-skip` adds redline with
+`cache.semantic_skip: false` (every question looked up, however little the lookup pays).
+`--warm N` first sends N fresh questions one at a time to each redline (what it has seen
+decides whether its lookup pays, cache/payoff.py); each redline's lookups by result (from
+`/metrics`) are printed at the end.
 """
 
 from __future__ import annotations
@@ -57,6 +61,26 @@ async def one(client: httpx.AsyncClient, url: str, body: dict[str, Any]) -> tupl
     return first if first is not None else time.perf_counter() - t0, cache
 
 
+async def warm(targets: dict[str, str], n: int) -> None:
+    """`n` fresh questions, one at a time, to each redline (not llama-server)."""
+    async with httpx.AsyncClient(timeout=120) as client:
+        for name, url in targets.items():
+            if name.startswith("redline"):
+                body = body_maker("short", 16, f"warm{name}-{time.time()}-")
+                for i in range(n):
+                    await one(client, url, {**body(i), "model": MODEL, "stream": True})
+
+
+def lookups(url: str) -> str:
+    """`redline_cache_lookups_total` by result, from the server's /metrics."""
+    counts = []
+    for line in httpx.get(f"{url}/metrics", timeout=10).text.splitlines():
+        if line.startswith("redline_cache_lookups_total{"):
+            result = line.split('result="')[1].split('"')[0]
+            counts.append(f"{result} {float(line.rsplit(' ', 1)[1]):.0f}")
+    return ", ".join(counts) or "none"
+
+
 async def measure(targets: dict[str, str], burst: int, rounds: int) -> dict[str, list[tuple[float, float | None]]]:
     out: dict[str, list[tuple[float, float | None]]] = {name: [] for name in targets}
     names = list(targets)
@@ -78,6 +102,10 @@ def main() -> int:
     ap.add_argument("--baseline-tree", default=None, help="also redline's default config run "
                     "from this source tree (a `git worktree` of an older commit)")
     ap.add_argument("--no-single", action="store_true", help="leave out `embed_batch: 1`")
+    ap.add_argument("--no-skip", action="store_true", help="also redline with "
+                    "`cache.semantic_skip: false`")
+    ap.add_argument("--warm", type=int, default=0, help="fresh questions sent one at a time to "
+                    "each redline before the bursts")
     ap.add_argument("--cache-off", action="store_true", help="also redline with `cache.enabled: false` "
                     "(what the semantic cache's lookup costs a burst)")
     args = ap.parse_args()
@@ -97,6 +125,12 @@ def main() -> int:
             p5, base = start_redline(tmp, None, Path(args.baseline_tree).resolve())
             procs.append(p5)
             targets["redline, baseline tree"] = base
+        if args.no_skip:
+            no_skip = tmp / "no_skip.yaml"
+            no_skip.write_text("cache:\n  semantic_skip: false\n")
+            p6, always = start_redline(tmp, str(no_skip))
+            procs.append(p6)
+            targets["redline semantic_skip false"] = always
         if args.cache_off:
             off = tmp / "cache_off.yaml"
             off.write_text("cache:\n  enabled: false\n")
@@ -109,6 +143,8 @@ def main() -> int:
                                                               "auto"))
             procs.append(p3)
             targets["llama-server"] = peer
+        if args.warm:
+            asyncio.run(warm(targets, args.warm))
         print("| burst | target | TTFT p50 | TTFT mean | cache stage p50 | cache stage max |")
         print("|---|---|---|---|---|---|")
         for burst in (int(b) for b in args.burst.split(",")):
@@ -120,6 +156,9 @@ def main() -> int:
                          else "— | —")
                 print(f"| {burst} | {name} | {statistics.median(ttfts):.1f} ms | "
                       f"{statistics.mean(ttfts):.1f} ms | {stage} |", flush=True)
+        for name, url in targets.items():
+            if name.startswith("redline") and "cache off" not in name:
+                print(f"{name}: lookups {lookups(url)}")
     finally:
         for p in procs:
             p.terminate()

@@ -554,6 +554,12 @@ class CacheConfig(_Section):
     guard: bool = Field(True, description="refuse semantic hits whose questions differ in numbers, "
                         "names, negation, opposite words, times, units, order or one swapped word")
     cache_sampled: bool = Field(False, description="also cache requests with temperature > 0")
+    semantic_skip: bool = Field(True, description="skip the semantic lookup (its embedding, "
+                                "before the first token) while on recent traffic it would not "
+                                "pay: the share of questions it would serve (95% upper bound, "
+                                "last 256) times a miss's answer time below a lookup's time. "
+                                "Answers are still stored, and every one tells whether it would "
+                                "have been served (cache/payoff.py)")
     embedder_path: str | None = Field(None, description="sentence-transformers model dir; "
                                       "None: the bundled all-MiniLM-L6-v2")
     embed_batch: int = Field(32, ge=1, description="questions embedded together at most: those "

@@ -8,7 +8,10 @@ Semantic (chat only): embed the last user message off the event loop, search the
 partition's vectors (index.py), then serve the best candidate over the threshold that
 the near-miss guard (guard.py) lets through; a candidate a little under it (from
 `confirm_floor`) is served only when a stronger embedder confirms it (confirm.py).
-Store failures fail open (a miss).
+Store failures fail open (a miss). While the semantic lookup would not pay on recent
+traffic (payoff.py: the share it would serve times a miss's answer time, against its
+embedding's time) it is skipped (`semantic_skip`); the answer is still stored, and its
+question searched then, off the first token's path, to keep that share measured.
 With backends given, the error budget (verify.py) checks a sample of semantic hits on
 live traffic and moves the threshold (never below the configured one) and per-entry bars.
 
@@ -43,6 +46,7 @@ from redline.cache.error_budget import JudgeErrors
 from redline.cache.index import SemanticIndex
 from redline.cache.judge import QuestionJudge
 from redline.cache.keys import CacheKeys, cache_keys
+from redline.cache.payoff import LookupPayoff
 from redline.cache.shadow import ShadowGenerator
 from redline.cache.verify import Verifier
 from redline.store.base import Store, StoreUnavailable
@@ -99,7 +103,7 @@ class CachedAnswer:
 
 @dataclass
 class Lookup:
-    result: str  # hit | semantic | miss | bypass (client asked) | sampled | error
+    result: str  # hit | semantic | miss | bypass (client asked) | sampled | skipped | error
     seconds: float = 0.0
     answer: CachedAnswer | None = None
     similarity: float | None = None
@@ -149,6 +153,7 @@ class ResponseCache:
         # a miss's question vector, kept until its answer is stored (so it is embedded once)
         self._vectors: TTLCache[str, np.ndarray] = TTLCache(maxsize=4096, ttl=600)
         self._tasks: set[asyncio.Task[None]] = set()
+        self.payoff = LookupPayoff() if cfg.semantic_skip else None
         self.verifier: Verifier | None = None
         if backends is not None and cfg.semantic:
             self.verifier = Verifier(cfg, store, ShadowGenerator(backends), metrics, judges,
@@ -272,7 +277,7 @@ class ResponseCache:
             self.metrics.cache_lookups.labels(out.result).inc()
         if self.lookup_seconds is not None and out.result not in ("bypass", "sampled"):
             self.lookup_seconds.labels(out.result).observe(out.seconds)
-        if out.result in ("error", "sampled"):
+        if out.result in ("error", "sampled", "skipped"):
             out.result = "miss"  # what the client sees (X-Redline-Cache): the model answered
         return out
 
@@ -282,8 +287,26 @@ class ResponseCache:
             return Lookup("hit", answer=CachedAnswer.from_bytes(raw))
         if self.index is None or keys.partition is None or keys.question is None:
             return Lookup("miss")
+        payoff = self.payoff
+        if payoff is not None and not payoff.worth_it():
+            payoff.skipped += 1
+            return Lookup("skipped")  # its question is searched when its answer is stored
+        t0 = time.perf_counter()
         vector = await self.embed(keys.question)
+        if payoff is not None:
+            payoff.observe_cost(time.perf_counter() - t0)
         self._vectors[request.id] = vector
+        out = await self._semantic(request, keys, vector)
+        if payoff is not None:
+            payoff.record(out.result == "semantic" or out.similarity is not None)
+        return out
+
+    async def _semantic(self, request: GenerationRequest, keys: CacheKeys,
+                        vector: np.ndarray) -> Lookup:
+        """The best candidate the rules serve, else a miss; a miss whose best candidate
+        passed the rules but was not served (the error budget holds it back) carries its
+        similarity."""
+        assert self.index is not None and keys.partition is not None and keys.question is not None
         verifier = self.verifier
         floor = self._floor()
         strong: np.ndarray | None = None  # the question in the stronger model, made once
@@ -321,6 +344,7 @@ class ResponseCache:
             key, similarity, answer, cached = would
             verifier.note(request, answer.model, key, similarity, answer.text, False,
                           keys.question, cached)
+            return Lookup("miss", similarity=similarity)
         return Lookup("miss")
 
     def _floor(self) -> float:
@@ -343,6 +367,8 @@ class ResponseCache:
                 or cut_short or completion.finish_reason not in ("stop", "length"):
             self._vectors.pop(req.id, None)
             return
+        if self.payoff is not None:  # what a hit would have saved this question
+            self.payoff.observe_answer(completion.total_s)
         usage = completion.usage
         answer = CachedAnswer(completion.model, completion.text, completion.finish_reason,
                               usage.prompt_tokens if usage else 0,
@@ -361,8 +387,12 @@ class ResponseCache:
             await self.store.set(entry, answer.to_bytes(), ttl=self.cfg.ttl_s)
             await self._evict_oldest(entry)
             if self.index is not None and keys.partition is not None and keys.question is not None:
-                if vector is None:
+                if vector is None:  # not looked up (skipped): would it have been served?
+                    t0 = time.perf_counter()
                     vector = await self.embed(keys.question)
+                    if self.payoff is not None:
+                        self.payoff.observe_cost(time.perf_counter() - t0)
+                        self.payoff.record(await self._would_serve(keys, vector))
                 await self.index.add(keys.partition, keys.exact, keys.question, vector,
                                      ttl=self.cfg.ttl_s)
                 if self.confirmer is not None:
@@ -371,6 +401,17 @@ class ResponseCache:
             log.warning("answer not cached: %s", exc.message)
         except Exception:  # a background write must never take anything down
             log.exception("answer not cached")
+
+    async def _would_serve(self, keys: CacheKeys, vector: np.ndarray) -> bool:
+        """Whether a lookup would have found a candidate the rules serve (the threshold
+        and the guard; the borderline check and the error budget aside)."""
+        assert self.index is not None and keys.partition is not None and keys.question is not None
+        for cand in await self.index.search(keys.partition, vector, CANDIDATES):
+            if cand.similarity < self.cfg.similarity_threshold:
+                return False
+            if self.accepts(keys.question, cand.question, cand.similarity):
+                return True
+        return False
 
     async def _evict_oldest(self, entry: str) -> None:
         slot = RING + str((await self.store.incr(SEQ) - 1) % self.cfg.max_entries)
