@@ -47,6 +47,7 @@ async def stats(request: Request,
         "hardware": metrics.hardware.sample().to_dict(),
         "slow": await state.longtail.recent(20),
         "cache_budget": _cache_budget(state),
+        "cache_lookup": _cache_lookup(state),
     }
 
 
@@ -101,6 +102,13 @@ async def usage(request: Request, start: float | None = Query(None, ge=0),
              "model": r.model if group_by == "model" else None, **c} for r, c in page]
     return {"object": "list", "start": start, "end": end, "group_by": group_by, "data": data,
             "has_more": len(ordered) > limit, "last_id": data[-1]["id"] if data else None}
+
+
+def _cache_lookup(state: Any) -> dict[str, float | int | bool | None] | None:
+    """Whether the semantic lookup pays on recent traffic (cache.semantic_skip)."""
+    cache = state.pipeline.cache
+    payoff = cache.payoff if cache is not None and cache.index is not None else None
+    return payoff.summary() if payoff is not None else None
 
 
 def _cache_budget(state: Any) -> dict[str, float | int | bool | None] | None:

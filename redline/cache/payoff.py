@@ -8,38 +8,32 @@ burst of fresh questions at an idle server had its first token 1.10-1.21x llama-
 with the cache on and 0.90-0.95x with it off (docs/BENCHMARKS.md).
 
 So the lookup is skipped while it would not pay: while the share of questions it would
-serve (an upper 95 % bound over the last `window` questions) times what a served one saves
+serve (a one-sided 95 % upper bound over the last `window` questions) times what a served one saves
 (a miss's whole answer time, a running average) is less than what a lookup costs (its
 embedding's wall time, a running average). Nothing is lost meanwhile: a skipped question's
 answer is still stored, and the embedding it needs for that (after the answer, off the
 first token's path) is searched first, so every question, looked up or not, tells whether
 it would have been served. The first paraphrase after a run of fresh questions misses;
 the next ones are looked up again as soon as the bound pays. With none of the last 256
-questions servable the bound is 1.5 %: lookups are skipped while an answer takes less than
-~68 lookups' time (a short answer beside busy streams, not a long one); one would-be hit
-among them moves that to ~46, two to ~36.
+questions servable the bound is 1.0 %: lookups are skipped while an answer takes less than
+~96 lookups' time (a short answer beside busy streams, not a long one); one would-be hit
+among them moves that to ~58, two to ~43 (the bound is the error budget's, error_budget.py).
 """
 
 from __future__ import annotations
 
-import math
 from collections import deque
+
+from redline.cache.error_budget import wilson
 
 WINDOW = 256  # the recent questions the share is estimated on
 MIN_SEEN = 32  # fewer than this: always look up
 ALPHA = 0.1  # weight of the newest measurement in the running averages
-Z = 1.96  # 95 % (two-sided) Wilson bound
 
 
-def upper_bound(hits: int, n: int, z: float = Z) -> float:
-    """Wilson score upper bound of a share seen as `hits` in `n`."""
-    if n == 0:
-        return 1.0
-    p = hits / n
-    z2 = z * z
-    centre = p + z2 / (2 * n)
-    spread = z * math.sqrt(p * (1 - p) / n + z2 / (4 * n * n))
-    return min(1.0, (centre + spread) / (1 + z2 / n))
+def upper_bound(hits: int, n: int) -> float:
+    """Wilson score upper bound (95 %) of a share seen as `hits` in `n`; 1 with no data."""
+    return wilson(hits, n)[1]
 
 
 class LookupPayoff:
@@ -61,6 +55,14 @@ class LookupPayoff:
 
     def share_bound(self) -> float:
         return upper_bound(sum(self.outcomes), len(self.outcomes))
+
+    def summary(self) -> dict[str, float | int | bool | None]:
+        """What the dashboard shows (`/v1/admin/stats` `cache_lookup`)."""
+        return {"looking_up": self.worth_it(), "seen": len(self.outcomes),
+                "would_serve": sum(self.outcomes), "share_upper": round(self.share_bound(), 4),
+                "lookup_ms": None if self.cost_s is None else round(self.cost_s * 1e3, 2),
+                "answer_ms": None if self.saving_s is None else round(self.saving_s * 1e3, 1),
+                "skipped": self.skipped}
 
     def worth_it(self) -> bool:
         """Whether the next question should be looked up."""

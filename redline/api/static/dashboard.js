@@ -31,6 +31,14 @@ function budgetTiles(b) {
   ];
 }
 
+// the semantic lookup: on, or skipped while it would not pay (cache.semantic_skip)
+function lookupTiles(l) {
+  if (!l) return [];
+  const why = l.lookup_ms === null || l.answer_ms === null ? "" :
+    ` · would serve ≤ ${pct(l.share_upper)} of ${l.seen}; lookup ${l.lookup_ms} ms, answer ${l.answer_ms} ms`;
+  return [["semantic lookup", (l.looking_up ? "on" : `skipped (${l.skipped})`) + why]];
+}
+
 function tiles(stats) {
   const live = stats.live || {};
   const items = [
@@ -39,6 +47,7 @@ function tiles(stats) {
     ["in flight", stats.in_flight],
     ["cache hit rate", pct(live.cache_hit_rate)],
     ...budgetTiles(stats.cache_budget),
+    ...lookupTiles(stats.cache_lookup),
     ["interrupted (window)", live.interrupted ?? "–"],
     ["interruptions / resumes", `${stats.interruptions_total} / ${stats.resumes_total}`],
     ["CPU", pct(stats.hardware.cpu_utilization)],
