@@ -110,33 +110,29 @@ def main() -> int:
                     "(what the semantic cache's lookup costs a burst)")
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="redline-burst-"))
-    one_at_a_time = tmp / "embed_batch_1.yaml"
-    one_at_a_time.write_text("cache:\n  embed_batch: 1\n")
     procs = []
     try:
-        p1, batched = start_redline(tmp, None)
-        procs.append(p1)
-        targets = {"redline": batched}
+        targets: dict[str, str] = {}
+
+        def redline(name: str, yaml: str | None, tree: Path = ROOT) -> None:
+            """One more `redline serve` in the rounds: the default config, or `yaml`'s."""
+            config = None
+            if yaml is not None:
+                config = tmp / f"{len(targets)}.yaml"
+                config.write_text(yaml)
+            proc, url = start_redline(tmp, str(config) if config else None, tree)
+            procs.append(proc)
+            targets[name] = url
+
+        redline("redline", None)
         if not args.no_single:
-            p2, single = start_redline(tmp, str(one_at_a_time))
-            procs.append(p2)
-            targets["redline embed_batch 1"] = single
+            redline("redline embed_batch 1", "cache:\n  embed_batch: 1\n")
         if args.baseline_tree:
-            p5, base = start_redline(tmp, None, Path(args.baseline_tree).resolve())
-            procs.append(p5)
-            targets["redline, baseline tree"] = base
+            redline("redline, baseline tree", None, Path(args.baseline_tree).resolve())
         if args.no_skip:
-            no_skip = tmp / "no_skip.yaml"
-            no_skip.write_text("cache:\n  semantic_skip: false\n")
-            p6, always = start_redline(tmp, str(no_skip))
-            procs.append(p6)
-            targets["redline semantic_skip false"] = always
+            redline("redline semantic_skip false", "cache:\n  semantic_skip: false\n")
         if args.cache_off:
-            off = tmp / "cache_off.yaml"
-            off.write_text("cache:\n  enabled: false\n")
-            p4, nocache = start_redline(tmp, str(off))
-            procs.append(p4)
-            targets["redline cache off"] = nocache
+            redline("redline cache off", "cache:\n  enabled: false\n")
         if args.llama_server:
             binary = find_or_build_llama_server(args.llama_server)
             p3, peer = start_llama_server(binary, served_path(bundled_path(MODEL, ROOT / ".redline" / "models"),
