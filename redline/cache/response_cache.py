@@ -209,9 +209,11 @@ class ResponseCache:
     async def embed(self, text: str) -> np.ndarray:
         """The question's vector. Questions that come while the embed thread is busy are
         embedded together in its next pass: four short questions take ~23 ms of a core
-        in one BF16 pass, ~44 one at a time (docs/BENCHMARKS.md)."""
+        in one BF16 pass, ~44 one at a time (docs/BENCHMARKS.md). Its wall time, the wait
+        for a pass included, is what a lookup costs (`payoff`)."""
         if self.embedder is None:
             raise RuntimeError("no embedder")
+        t0 = time.perf_counter()
         loop = asyncio.get_running_loop()
         done: asyncio.Future[np.ndarray] = loop.create_future()
         self._waiting.append((text, done))
@@ -220,7 +222,10 @@ class ResponseCache:
             task = loop.create_task(self._drain(self.embedder))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
-        return await done
+        vector = await done
+        if self.payoff is not None:
+            self.payoff.observe_cost(time.perf_counter() - t0)
+        return vector
 
     async def _drain(self, embedder: Embedder) -> None:
         batch: list[tuple[str, asyncio.Future[np.ndarray]]] = []
@@ -291,10 +296,7 @@ class ResponseCache:
         if payoff is not None and not payoff.worth_it():
             payoff.skipped += 1
             return Lookup("skipped")  # its question is searched when its answer is stored
-        t0 = time.perf_counter()
         vector = await self.embed(keys.question)
-        if payoff is not None:
-            payoff.observe_cost(time.perf_counter() - t0)
         self._vectors[request.id] = vector
         out = await self._semantic(request, keys, vector)
         if payoff is not None:
@@ -388,10 +390,8 @@ class ResponseCache:
             await self._evict_oldest(entry)
             if self.index is not None and keys.partition is not None and keys.question is not None:
                 if vector is None:  # not looked up (skipped): would it have been served?
-                    t0 = time.perf_counter()
                     vector = await self.embed(keys.question)
                     if self.payoff is not None:
-                        self.payoff.observe_cost(time.perf_counter() - t0)
                         self.payoff.record(await self._would_serve(keys, vector))
                 await self.index.add(keys.partition, keys.exact, keys.question, vector,
                                      ttl=self.cfg.ttl_s)
