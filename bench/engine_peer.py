@@ -16,7 +16,9 @@ redline runs on its default config (`redline serve`, both bundled chat models lo
 loads the file redline serves (`weights: auto` resolved on this CPU) with the flags printed
 next to the table (`-t 2 -c 16384 -np 8`, its other defaults). Rounds are interleaved (the
 order alternates) and each ratio is the median over rounds of that round's ratio, because
-this machine's speed drifts by tens of percent over minutes.
+this machine's speed drifts by tens of percent over minutes. Next to them, each server's ITL
+p99 (every gap between two tokens of an answer, median over rounds): where a first token
+came sooner because the running streams were stopped for its prompt, it shows there.
 
     .venv/bin/python bench/engine_peer.py                         # finds or builds llama-server
     .venv/bin/python bench/engine_peer.py --llama-server PATH --loads 1,8 --workloads short
@@ -149,6 +151,13 @@ def tok_s(run: RunResult) -> float:
     return sum(s.tokens for s in run.samples if s.ok) / run.wall_s if run.wall_s > 0 else 0.0
 
 
+def itl_p99(run: RunResult) -> float:
+    """The streams' worst gaps: the p99 of every gap between two tokens of one answer (what
+    a fast first token bought by stopping the running streams shows up in)."""
+    gaps = [g for s in run.samples if s.ok for g in s.itl]
+    return percentile(gaps, 99) if gaps else 0.0
+
+
 def ratios(runs: list[RunResult], peer: list[RunResult]) -> tuple[float, float]:
     """tok/s and TTFT p50 against llama-server's: the medians of the per-round ratios."""
     pairs = list(zip(runs, peer, strict=True))
@@ -189,7 +198,7 @@ def main() -> int:
                   else served_path(bundled_path(MODEL, ROOT / ".redline" / "models"), "auto"))
     tmp = Path(tempfile.mkdtemp(prefix="redline-peer-"))
     procs: list[subprocess.Popen[bytes]] = []
-    rows: list[tuple[str, int, float, float, float, float, int]] = []
+    rows: list[tuple[str, int, float, float, float, float, float, float, int]] = []
     try:
         p1, red_url = start_redline(tmp, args.redline_config)
         p2, peer_url = start_llama_server(binary, model_file)
@@ -228,12 +237,14 @@ def main() -> int:
                 tok_ratio, ttft_ratio = ratios(red, peer)
                 rows.append((w, c, statistics.median(tok_s(x) for x in red),
                              statistics.median(tok_s(x) for x in peer), tok_ratio,
-                             ttft_ratio, failed))
+                             ttft_ratio, statistics.median(itl_p99(x) for x in red),
+                             statistics.median(itl_p99(x) for x in peer), failed))
                 print(f"{w:6s} c={c:<2d} redline {rows[-1][2]:6.1f} tok/s"
                       f"  llama-server {rows[-1][3]:6.1f} tok/s"
                       f"  tok/s ratio {tok_ratio:4.2f}  TTFT p50 ratio {ttft_ratio:4.2f}"
                       f"  (redline {statistics.median(ttft_p50(x) for x in red) * 1000:.0f} ms,"
-                      f" llama-server {statistics.median(ttft_p50(x) for x in peer) * 1000:.0f} ms)"
+                      f" llama-server {statistics.median(ttft_p50(x) for x in peer) * 1000:.0f} ms;"
+                      f" ITL p99 {rows[-1][6] * 1000:.0f} / {rows[-1][7] * 1000:.0f} ms)"
                       f"{f'  FAILED {failed}' if failed else ''}", flush=True)
                 if "redline-base" in runs:
                     base = runs["redline-base"]
@@ -251,11 +262,12 @@ def main() -> int:
           "of per-round ratios")
     print(f"prompt tokens: {prompt_tokens}")
     print("| workload | concurrency | redline tok/s | llama-server tok/s | tok/s ratio (goal >= 1.0) "
-          "| TTFT p50 ratio (goal <= 1.0) |")
-    print("|---|---|---|---|---|---|")
-    for w, c, rt, pt, tr, fr, failed in rows:
+          "| TTFT p50 ratio (goal <= 1.0) | ITL p99, redline / llama-server |")
+    print("|---|---|---|---|---|---|---|")
+    for w, c, rt, pt, tr, fr, ri, pi, failed in rows:
         note = f" {failed} failed" if failed else ""
-        print(f"| {w} | {c} | {rt:.1f} | {pt:.1f} | {tr:.2f} | {fr:.2f} |{note}")
+        print(f"| {w} | {c} | {rt:.1f} | {pt:.1f} | {tr:.2f} | {fr:.2f} "
+              f"| {ri * 1000:.0f} / {pi * 1000:.0f} ms |{note}")
     return 0
 
 
