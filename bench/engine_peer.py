@@ -235,16 +235,16 @@ def main() -> int:
                               f"tokens (e.g. {short[:5]}): the tok/s ratio compares unequal work",
                               flush=True)
                 tok_ratio, ttft_ratio = ratios(red, peer)
-                rows.append((w, c, statistics.median(tok_s(x) for x in red),
-                             statistics.median(tok_s(x) for x in peer), tok_ratio,
-                             ttft_ratio, statistics.median(itl_p99(x) for x in red),
-                             statistics.median(itl_p99(x) for x in peer), failed))
-                print(f"{w:6s} c={c:<2d} redline {rows[-1][2]:6.1f} tok/s"
-                      f"  llama-server {rows[-1][3]:6.1f} tok/s"
+                red_tok, peer_tok = (statistics.median(tok_s(x) for x in rr) for rr in (red, peer))
+                red_itl, peer_itl = (statistics.median(itl_p99(x) for x in rr) for rr in (red, peer))
+                rows.append((w, c, red_tok, peer_tok, tok_ratio, ttft_ratio, red_itl, peer_itl,
+                             failed))
+                print(f"{w:6s} c={c:<2d} redline {red_tok:6.1f} tok/s"
+                      f"  llama-server {peer_tok:6.1f} tok/s"
                       f"  tok/s ratio {tok_ratio:4.2f}  TTFT p50 ratio {ttft_ratio:4.2f}"
                       f"  (redline {statistics.median(ttft_p50(x) for x in red) * 1000:.0f} ms,"
                       f" llama-server {statistics.median(ttft_p50(x) for x in peer) * 1000:.0f} ms;"
-                      f" ITL p99 {rows[-1][6] * 1000:.0f} / {rows[-1][7] * 1000:.0f} ms)"
+                      f" ITL p99 {red_itl * 1000:.0f} / {peer_itl * 1000:.0f} ms)"
                       f"{f'  FAILED {failed}' if failed else ''}", flush=True)
                 if "redline-base" in runs:
                     base = runs["redline-base"]
