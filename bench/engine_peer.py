@@ -186,7 +186,11 @@ def main() -> int:
     ap.add_argument("--redline-config", default=None, help="a YAML config instead of the default")
     ap.add_argument("--model-file", default=None, help="the file llama-server loads (default: the "
                     "one redline's default serves SmolLM2 from, `weights: auto` on this CPU)")
-    ap.add_argument("--waves", type=int, default=2, help="requests per run = waves x concurrency")
+    ap.add_argument("--waves", type=int, default=2, help="requests per run = waves x concurrency, "
+                    "at least --min-requests")
+    ap.add_argument("--min-requests", type=int, default=8, help="requests per run at least: at "
+                    "one stream, 2 waves made each round's TTFT p50 the mean of two first tokens "
+                    "(ratios from 0.99 to 1.29 across runs of the same code)")
     ap.add_argument("--baseline-tree", default=None, help="also run redline from this source tree "
                     "(e.g. `git worktree add /tmp/redline-old <commit>`), as `redline-base`, in the "
                     "same rounds: its ratios to llama-server are printed next to this tree's")
@@ -219,7 +223,7 @@ def main() -> int:
             asyncio.run(run_closed(t, body_maker("short", 8, "warm"), 2, 4))
         for w in args.workloads.split(","):
             for c in (int(x) for x in args.loads.split(",")):
-                runs = asyncio.run(measure(targets, w, c, max(2, args.waves * c), args.rounds,
+                runs = asyncio.run(measure(targets, w, c, max(args.min_requests, args.waves * c), args.rounds,
                                            args.max_tokens))
                 red, peer = runs["redline"], runs["llama-server"]
                 failed = sum(1 for rr in red + peer for s in rr.samples if not s.ok)
@@ -249,9 +253,11 @@ def main() -> int:
                 if "redline-base" in runs:
                     base = runs["redline-base"]
                     base_tok, base_ttft = ratios(base, peer)
+                    base_itl = statistics.median(itl_p99(x) for x in base)
                     print(f"{'':6s}      redline-base {statistics.median(tok_s(x) for x in base):6.1f}"
-                          f" tok/s  tok/s ratio {base_tok:4.2f}  TTFT p50 ratio {base_ttft:4.2f}",
-                          flush=True)
+                          f" tok/s  tok/s ratio {base_tok:4.2f}  TTFT p50 ratio {base_ttft:4.2f}"
+                          f"  (redline-base {statistics.median(ttft_p50(x) for x in base) * 1000:.0f}"
+                          f" ms; ITL p99 {base_itl * 1000:.0f} ms)", flush=True)
     finally:
         for p in procs:
             p.terminate()
