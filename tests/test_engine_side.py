@@ -14,7 +14,15 @@ from redline.config import ModelConfig
 from redline.engine import compute
 from redline.engine.budget import PrefillBudget
 from redline.engine.engine import Engine
-from redline.engine.llama import STATE_MAGIC, BatchEntry, LlamaModel, LlamaRunner, restream
+from redline.engine.llama import (
+    POPULATE_MIN,
+    STATE_MAGIC,
+    BatchEntry,
+    LlamaModel,
+    LlamaRunner,
+    fresh_buffer,
+    restream,
+)
 from redline.engine.scheduler import Scheduler
 from redline.engine.sequence import Sequence
 from redline.engine.side import side_threads
@@ -59,6 +67,23 @@ def test_restream_rewrites_in_place_when_the_buffer_has_room_and_copies_when_not
     copied = restream(tight, size, 8)
     assert copied is not None and not np.shares_memory(copied[0], tight)
     assert words(*copied) == words(*wide)
+
+
+def test_a_large_state_buffer_is_mapped_writable_and_lives_as_long_as_its_views():
+    """`fresh_buffer`: a state of a MB and more goes into populated pages (no huge-page
+    compaction on its first touch); like `np.empty`'s, they are writable, `restream`
+    rewrites a state in them in place, and a view keeps them mapped."""
+    small, size = state(1, 0, [7, 8])
+    big = fresh_buffer(POPULATE_MIN + 4 * 7)
+    assert big.flags.writeable and len(big) == POPULATE_MIN + 4 * 7
+    assert isinstance(big.base, memoryview)  # a mapping of its own, not numpy's heap
+    big[:size] = small[:size]
+    wide = restream(big, size, 8)
+    assert wide is not None and np.shares_memory(wide[0], big)
+    del big
+    assert words(*wide) == [STATE_MAGIC, 5, 8, 2, 7, 8] + [0] * 7
+    tiny = fresh_buffer(64)
+    assert tiny.flags.writeable and tiny.base is None  # small ones: np.empty
 
 
 def test_restream_refuses_what_is_not_one_sequences_state():
