@@ -284,7 +284,8 @@ def restream(state: np.ndarray, size: int, streams: int) -> tuple[np.ndarray, in
     refuses a state whose stream count is not its own: so a per-slot context's state (1
     stream of 8 holding cells) and a one-stream context's (engine/side.py) differ only in
     the empty streams' zero counts. Rewritten in `state`'s own memory where it has room
-    (tens of MB: a fresh copy costs page faults, ~70 ms here), so `state` is spent."""
+    (tens of MB: a fresh copy costs page faults, ~70 ms here), so `state` is spent;
+    else copied into a `fresh_buffer`."""
     if size % 4 or size < 16:
         return None
     words = state[:size].view(np.uint32)
@@ -301,9 +302,11 @@ def restream(state: np.ndarray, size: int, streams: int) -> tuple[np.ndarray, in
     start, end = 4 * lead, size - 4 * trail  # the head goes right before the cells
     out_size = end - start + 4 * (streams - 1)
     if start + out_size > len(state):  # no room after them for the zero counts
-        body = state[start + 12:end]
-        out = np.concatenate([head, body, np.zeros(4 * (streams - 1), dtype=np.uint8)])
-        return out, len(out)
+        out = fresh_buffer(out_size)
+        out[:12] = head
+        out[12:end - start] = state[start + 12:end]
+        out[end - start:] = 0
+        return out, out_size
     state[start:start + 12] = head
     state[end:end + 4 * (streams - 1)] = 0
     return state[start:start + out_size], out_size
