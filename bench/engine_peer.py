@@ -43,6 +43,7 @@ import subprocess
 import sys
 import tarfile
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -158,6 +159,11 @@ def itl_p99(run: RunResult) -> float:
     return percentile(gaps, 99) if gaps else 0.0
 
 
+def over_rounds(f: Callable[[RunResult], float], runs: list[RunResult]) -> float:
+    """The median over rounds of one run's figure `f`."""
+    return statistics.median(f(x) for x in runs)
+
+
 def ratios(runs: list[RunResult], peer: list[RunResult]) -> tuple[float, float]:
     """tok/s and TTFT p50 against llama-server's: the medians of the per-round ratios."""
     pairs = list(zip(runs, peer, strict=True))
@@ -223,8 +229,8 @@ def main() -> int:
             asyncio.run(run_closed(t, body_maker("short", 8, "warm"), 2, 4))
         for w in args.workloads.split(","):
             for c in (int(x) for x in args.loads.split(",")):
-                runs = asyncio.run(measure(targets, w, c, max(args.min_requests, args.waves * c), args.rounds,
-                                           args.max_tokens))
+                n = max(args.min_requests, args.waves * c)
+                runs = asyncio.run(measure(targets, w, c, n, args.rounds, args.max_tokens))
                 red, peer = runs["redline"], runs["llama-server"]
                 failed = sum(1 for rr in red + peer for s in rr.samples if not s.ok)
                 for name, rr_list in runs.items():  # what went wrong, once per target
@@ -239,25 +245,24 @@ def main() -> int:
                               f"tokens (e.g. {short[:5]}): the tok/s ratio compares unequal work",
                               flush=True)
                 tok_ratio, ttft_ratio = ratios(red, peer)
-                red_tok, peer_tok = (statistics.median(tok_s(x) for x in rr) for rr in (red, peer))
-                red_itl, peer_itl = (statistics.median(itl_p99(x) for x in rr) for rr in (red, peer))
+                red_tok, peer_tok = over_rounds(tok_s, red), over_rounds(tok_s, peer)
+                red_itl, peer_itl = over_rounds(itl_p99, red), over_rounds(itl_p99, peer)
                 rows.append((w, c, red_tok, peer_tok, tok_ratio, ttft_ratio, red_itl, peer_itl,
                              failed))
                 print(f"{w:6s} c={c:<2d} redline {red_tok:6.1f} tok/s"
                       f"  llama-server {peer_tok:6.1f} tok/s"
                       f"  tok/s ratio {tok_ratio:4.2f}  TTFT p50 ratio {ttft_ratio:4.2f}"
-                      f"  (redline {statistics.median(ttft_p50(x) for x in red) * 1000:.0f} ms,"
-                      f" llama-server {statistics.median(ttft_p50(x) for x in peer) * 1000:.0f} ms;"
+                      f"  (redline {over_rounds(ttft_p50, red) * 1000:.0f} ms,"
+                      f" llama-server {over_rounds(ttft_p50, peer) * 1000:.0f} ms;"
                       f" ITL p99 {red_itl * 1000:.0f} / {peer_itl * 1000:.0f} ms)"
                       f"{f'  FAILED {failed}' if failed else ''}", flush=True)
                 if "redline-base" in runs:
                     base = runs["redline-base"]
                     base_tok, base_ttft = ratios(base, peer)
-                    base_itl = statistics.median(itl_p99(x) for x in base)
-                    print(f"{'':6s}      redline-base {statistics.median(tok_s(x) for x in base):6.1f}"
+                    print(f"{'':6s}      redline-base {over_rounds(tok_s, base):6.1f}"
                           f" tok/s  tok/s ratio {base_tok:4.2f}  TTFT p50 ratio {base_ttft:4.2f}"
-                          f"  (redline-base {statistics.median(ttft_p50(x) for x in base) * 1000:.0f}"
-                          f" ms; ITL p99 {base_itl * 1000:.0f} ms)", flush=True)
+                          f"  (redline-base {over_rounds(ttft_p50, base) * 1000:.0f} ms;"
+                          f" ITL p99 {over_rounds(itl_p99, base) * 1000:.0f} ms)", flush=True)
     finally:
         for p in procs:
             p.terminate()
