@@ -20,6 +20,14 @@ this machine's speed drifts by tens of percent over minutes. Next to them, each 
 p99 (every gap between two tokens of an answer, median over rounds): where a first token
 came sooner because the running streams were stopped for its prompt, it shows there.
 
+Each run is a closed loop: `concurrency` clients, each sending its next request as soon as
+its last answer ends, `--waves` x `concurrency` requests in all (at least
+`--min-requests`). Its first wave is a burst (every client's first request at once, at an
+idle server); the later requests arrive as answers end, which is the loop's steady state
+once the waves have drifted apart. The TTFT p50 ratio is printed for all requests, and for
+the first wave and the later requests apart: with the default 2 waves the first wave is
+half the requests, so use more waves to see the steady state.
+
     .venv/bin/python bench/engine_peer.py                         # finds or builds llama-server
     .venv/bin/python bench/engine_peer.py --llama-server PATH --loads 1,8 --workloads short
     git worktree add /tmp/redline-old <commit>    # a before/after in the same rounds:
@@ -36,6 +44,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import math
 import os
 import shutil
 import statistics
@@ -144,8 +153,17 @@ def body_maker(workload: str, max_tokens: int, salt: str):  # type: ignore[no-un
     return body
 
 
-def ttft_p50(run: RunResult) -> float:
-    return percentile([s.ttft for s in run.samples if s.ok], 50)
+PARTS = ("all", "first", "later")
+
+
+def ttft_p50(run: RunResult, part: str = "all") -> float:
+    """`part`: every request; "first": the first wave (the run's first `concurrency`
+    requests, sent together to an idle server: a burst); "later": the rest, each sent as a
+    client's last answer ended (the closed loop's steady state). NaN where it has none."""
+    c = run.concurrency
+    times = [s.ttft for s in run.samples if s.ok
+             and (part == "all" or (s.index < c) == (part == "first"))]
+    return percentile(times, 50) if times else math.nan
 
 
 def tok_s(run: RunResult) -> float:
@@ -159,6 +177,11 @@ def itl_p99(run: RunResult) -> float:
     return percentile(gaps, 99) if gaps else 0.0
 
 
+def _ms(runs: list[RunResult], part: str) -> str:
+    """`part`'s TTFT p50 in ms, the median over rounds."""
+    return f"{over_rounds(lambda r: ttft_p50(r, part), runs) * 1000:.0f}"
+
+
 def over_rounds(f: Callable[[RunResult], float], runs: list[RunResult]) -> float:
     """The median over rounds of one run's figure `f`."""
     return statistics.median(f(x) for x in runs)
@@ -167,8 +190,14 @@ def over_rounds(f: Callable[[RunResult], float], runs: list[RunResult]) -> float
 def ratios(runs: list[RunResult], peer: list[RunResult]) -> tuple[float, float]:
     """tok/s and TTFT p50 against llama-server's: the medians of the per-round ratios."""
     pairs = list(zip(runs, peer, strict=True))
-    return (statistics.median(tok_s(a) / tok_s(b) for a, b in pairs),
-            statistics.median(ttft_p50(a) / ttft_p50(b) for a, b in pairs))
+    return (statistics.median(tok_s(a) / tok_s(b) for a, b in pairs), ttft_ratio(runs, peer))
+
+
+def ttft_ratio(runs: list[RunResult], peer: list[RunResult], part: str = "all") -> float:
+    """TTFT p50 of `part` of each run (`ttft_p50`) against llama-server's: the median of
+    the per-round ratios."""
+    return statistics.median(ttft_p50(a, part) / ttft_p50(b, part)
+                             for a, b in zip(runs, peer, strict=True))
 
 
 async def measure(targets: list[Target], workload: str, c: int, n: int, rounds: int,
@@ -208,7 +237,7 @@ def main() -> int:
                   else served_path(bundled_path(MODEL, ROOT / ".redline" / "models"), "auto"))
     tmp = Path(tempfile.mkdtemp(prefix="redline-peer-"))
     procs: list[subprocess.Popen[bytes]] = []
-    rows: list[tuple[str, int, float, float, float, float, float, float, int]] = []
+    rows: list[tuple[str, int, float, float, float, float, float, float, float, float, int]] = []
     try:
         p1, red_url = start_redline(tmp, args.redline_config)
         p2, peer_url = start_llama_server(binary, model_file)
@@ -244,25 +273,31 @@ def main() -> int:
                         print(f"  {name}: {len(short)} answers shorter than {args.max_tokens} "
                               f"tokens (e.g. {short[:5]}): the tok/s ratio compares unequal work",
                               flush=True)
-                tok_ratio, ttft_ratio = ratios(red, peer)
+                tok_ratio, ttft = ratios(red, peer)
                 red_tok, peer_tok = over_rounds(tok_s, red), over_rounds(tok_s, peer)
                 red_itl, peer_itl = over_rounds(itl_p99, red), over_rounds(itl_p99, peer)
-                rows.append((w, c, red_tok, peer_tok, tok_ratio, ttft_ratio, red_itl, peer_itl,
-                             failed))
+                first, later = (ttft_ratio(red, peer, part) for part in PARTS[1:])
+                rows.append((w, c, red_tok, peer_tok, tok_ratio, ttft, first, later, red_itl,
+                              peer_itl, failed))
                 print(f"{w:6s} c={c:<2d} redline {red_tok:6.1f} tok/s"
                       f"  llama-server {peer_tok:6.1f} tok/s"
-                      f"  tok/s ratio {tok_ratio:4.2f}  TTFT p50 ratio {ttft_ratio:4.2f}"
+                      f"  tok/s ratio {tok_ratio:4.2f}  TTFT p50 ratio {ttft:4.2f}"
                       f"  (redline {over_rounds(ttft_p50, red) * 1000:.0f} ms,"
                       f" llama-server {over_rounds(ttft_p50, peer) * 1000:.0f} ms;"
                       f" ITL p99 {red_itl * 1000:.0f} / {peer_itl * 1000:.0f} ms)"
                       f"{f'  FAILED {failed}' if failed else ''}", flush=True)
+                print(f"{'':6s}      TTFT p50 ratio, first wave {first:4.2f}"
+                      f" ({_ms(red, 'first')} / {_ms(peer, 'first')} ms), later requests"
+                      f" {later:4.2f} ({_ms(red, 'later')} / {_ms(peer, 'later')} ms)", flush=True)
                 if "redline-base" in runs:
                     base = runs["redline-base"]
                     base_tok, base_ttft = ratios(base, peer)
                     print(f"{'':6s}      redline-base {over_rounds(tok_s, base):6.1f}"
                           f" tok/s  tok/s ratio {base_tok:4.2f}  TTFT p50 ratio {base_ttft:4.2f}"
                           f"  (redline-base {over_rounds(ttft_p50, base) * 1000:.0f} ms;"
-                          f" ITL p99 {over_rounds(itl_p99, base) * 1000:.0f} ms)", flush=True)
+                          f" ITL p99 {over_rounds(itl_p99, base) * 1000:.0f} ms); first wave"
+                          f" {ttft_ratio(base, peer, 'first'):4.2f}, later requests"
+                          f" {ttft_ratio(base, peer, 'later'):4.2f}", flush=True)
     finally:
         for p in procs:
             p.terminate()
@@ -273,11 +308,12 @@ def main() -> int:
           "of per-round ratios")
     print(f"prompt tokens: {prompt_tokens}")
     print("| workload | concurrency | redline tok/s | llama-server tok/s | tok/s ratio (goal >= 1.0) "
-          "| TTFT p50 ratio (goal <= 1.0) | ITL p99, redline / llama-server |")
-    print("|---|---|---|---|---|---|---|")
-    for w, c, rt, pt, tr, fr, ri, pi, failed in rows:
+          "| TTFT p50 ratio (goal <= 1.0) | TTFT p50 ratio: first wave / later requests "
+          "| ITL p99, redline / llama-server |")
+    print("|---|---|---|---|---|---|---|---|")
+    for w, c, rt, pt, tr, fr, f1, f2, ri, pi, failed in rows:
         note = f" {failed} failed" if failed else ""
-        print(f"| {w} | {c} | {rt:.1f} | {pt:.1f} | {tr:.2f} | {fr:.2f} "
+        print(f"| {w} | {c} | {rt:.1f} | {pt:.1f} | {tr:.2f} | {fr:.2f} | {f1:.2f} / {f2:.2f} "
               f"| {ri * 1000:.0f} / {pi * 1000:.0f} ms |{note}")
     return 0
 

@@ -45,6 +45,8 @@ class Sample:
     text: str = ""
     headers: dict[str, str] = field(default_factory=dict)
     stale: bool = False  # failed before any response: a closed keep-alive connection
+    index: int = -1  # the request's number in its run (run_closed: the first `concurrency`
+    # are sent together to an idle server; the later ones each as a client's answer ends)
 
     @property
     def tpot(self) -> float | None:
@@ -169,7 +171,9 @@ async def run_closed(target: Target, make_body: Callable[[int], Body], concurren
     async with _session(concurrency + 4, timeout) as client:
         async def worker() -> None:
             for i in counter:
-                samples.append(await one_request(client, target, make_body(i)))
+                sample = await one_request(client, target, make_body(i))
+                sample.index = i
+                samples.append(sample)
 
         with no_gc_pauses():
             t0 = time.perf_counter()
