@@ -186,6 +186,35 @@ def test_with_a_stream_per_slot_a_short_newcomer_runs_alone_then_the_streams(loo
         assert all(len(q.output) == 4 + (2 if contiguous else 4) for q in streams)
 
 
+def test_with_a_stream_per_slot_a_burst_shares_its_step_while_requests_queue(loop) -> None:
+    """Five questions at once at an idle engine with four slots: the first reached it
+    sooner and decodes; three more take the other slots, the fifth queues for one. The
+    three (as many newcomers as streams decoding, or more: a burst) compute their prompts
+    in one step, then every stream decodes. With a slot for everyone the same burst goes
+    one at a time, alternating with the streams (grouped, the streams would run in step:
+    each later newcomer would wait for its wave's prompts)."""
+    def cost(batch):
+        return 0.001 + 0.002 * batch.n_decode + 0.0005 * (len(batch.entries) - batch.n_decode)
+
+    for slots, queued in ((4, True), (8, False)):
+        s = Scheduler(n_seq_max=slots, n_batch=512, budget=PrefillBudget(512, 0.5))
+        s.contiguous = True
+        s.add(make(loop, range(3000, 3043), "q0"))
+        step(s, cost)  # its prompt: nothing decodes yet, the whole batch
+        for _ in range(2):
+            step(s, cost)  # it decodes: the budget learns what a step costs
+        burst = [make(loop, range(3100 + 100 * i, 3143 + 100 * i), f"q{i + 1}") for i in range(4)]
+        for q in burst:
+            s.add(q)
+        batches = [step(s, cost) for _ in range(4)]
+        shape = [(x.n_decode, len(x.entries) - x.n_decode) for x in batches]
+        if queued:
+            assert shape[:2] == [(0, 129), (4, 0)]
+            assert [len(q.output) for q in burst] == [4, 4, 4, 0]  # the fifth still waits
+        else:
+            assert shape == [(0, 43), (2, 0), (0, 43), (3, 0)]
+
+
 def test_the_floor_is_set_per_model() -> None:
     """`models[].prefill_floor_tokens`: a step carries at least that many prompt tokens,
     however dear they are (1: the smallest chunks, the streams' gaps shortest)."""

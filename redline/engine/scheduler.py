@@ -260,13 +260,13 @@ class Scheduler:
         ready = [q for q in self.running if not q.in_prefill]
         decoding = [q for q in ready if not q.unread]
         reading = len(decoding)  # read streams decoding (`for_side` counts them)
-        alone = self._alone(reading) if self.contiguous and reading else None
-        hold_short = alone is not None and self._alone_last
+        alone = self._alone(reading) if self.contiguous and reading else []
+        hold_short = bool(alone) and self._alone_last
         if hold_short:
-            alone = None  # the streams' turn: short newcomers wait for the next step
-        self._alone_last = alone is not None
-        if alone is not None:
-            decoding = []  # this step is the newcomer's prompt alone; the streams go next
+            alone = []  # the streams' turn: short newcomers wait for the next step
+        self._alone_last = bool(alone)
+        if alone:
+            decoding = []  # this step is the newcomers' prompts alone; the streams go next
         elif not pause:
             decoding += self._riders([q for q in ready if q.unread], len(decoding))
         drafts: dict[int, list[int]] = {}
@@ -288,7 +288,7 @@ class Scheduler:
         budget = min(self.budget.tokens(n_decode), self.n_batch - n_decode)
         if not anyone_reads:  # an unread stream's prompt keeps the step short too
             budget = min(budget, self._unread_prompt(n_decode))
-        order = [alone] if alone is not None else self._ranked()
+        order = alone or self._ranked()
         for seq in order:
             if budget <= 0:
                 break
@@ -337,18 +337,35 @@ class Scheduler:
         left = seq.prefill_to - seq.n_fed
         return left >= 2 and (left <= self.budget.tokens(decoding) or self.budget.whole(left))
 
-    def _alone(self, decoding: int) -> Sequence | None:
+    def _alone(self, decoding: int) -> list[Sequence]:
         """With one KV stream per slot, a step with decoding streams and a prompt makes two
         forward passes, one for the streams' tokens and one for the prompt's rest, and the
         newcomer's first token waits for both. A short newcomer's prompt runs alone in a
         step instead (one pass), and the streams decode in the next, beside it: their
         token comes after the same two passes, the newcomer's a pass sooner. Steps
         alternate (`_alone_last`), so that several newcomers at once do not hold the
-        streams for several prompts in a row."""
-        for seq in self._ranked():
-            if self._short_newcomer(seq, decoding):
-                return seq
-        return None
+        streams for several prompts in a row.
+
+        While requests queue for a slot, a burst (at least as many short newcomers as
+        streams decoding: those are the burst's first members) shares its step instead,
+        as many as fit in the batch: one pass for all their prompts (`LlamaRunner.decode`
+        pads them to one) costs less than a pass each, and with a queue, how soon a
+        newcomer gets a slot is how fast the streams end. With every client in a slot,
+        grouping would put the streams in step (they start together, end together, and
+        the next wave comes as a burst again): each newcomer would wait for its wave's
+        prompts (at 8 streams the first token 199 against 89 ms; docs/BENCHMARKS.md,
+        session 33)."""
+        short = [seq for seq in self._ranked() if self._short_newcomer(seq, decoding)]
+        if not self.waiting or len(short) < max(2, decoding):
+            return short[:1]
+        group, room = [], self.n_batch
+        for seq in short:
+            left = seq.prefill_to - seq.n_fed
+            if left > room:
+                break
+            group.append(seq)
+            room -= left
+        return group or short[:1]
 
     def _ranked(self) -> list[Sequence]:
         """Running sequences in the order their prompts are served: by tier, else as
