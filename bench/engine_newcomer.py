@@ -84,7 +84,7 @@ async def main() -> None:
     engine = Engine(model, n_ctx_per_seq=4096 + 128, n_seq_max=8, n_batch=512, n_threads=0,
                     kv_unified=args.kv_layout == "unified", side_prefill=False)
     alone = engine.scheduler._alone
-    modes = {"alone first": alone, "mixed": lambda decoding: None}
+    modes = {"alone first": alone, "mixed": lambda decoding: []}
     got = {(k, m): ([], []) for k in loads for m in modes}  # type: ignore[var-annotated]
     try:
         for r in range(args.rounds):
