@@ -348,8 +348,8 @@ class Scheduler:
 
         While requests queue for a slot, a burst (at least as many short newcomers as
         streams decoding: those are the burst's first members) shares its step instead,
-        as many as fit in the batch: one pass for all their prompts (`LlamaRunner.decode`
-        pads them to one) costs less than a pass each, and with a queue, how soon a
+        as many as fit in the batch: their prompts in one pass (`LlamaRunner.decode` pads
+        them into as few as pays) cost less than a pass each, and with a queue, how soon a
         newcomer gets a slot is how fast the streams end. With every client in a slot,
         grouping would put the streams in step (they start together, end together, and
         the next wave comes as a burst again): each newcomer would wait for its wave's
