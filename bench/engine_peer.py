@@ -153,9 +153,6 @@ def body_maker(workload: str, max_tokens: int, salt: str):  # type: ignore[no-un
     return body
 
 
-PARTS = ("all", "first", "later")
-
-
 def ttft_p50(run: RunResult, part: str = "all") -> float:
     """`part`: every request; "first": the first wave (the run's first `concurrency`
     requests, sent together to an idle server: a burst); "later": the rest, each sent as a
@@ -177,7 +174,7 @@ def itl_p99(run: RunResult) -> float:
     return percentile(gaps, 99) if gaps else 0.0
 
 
-def _ms(runs: list[RunResult], part: str) -> str:
+def _ms(runs: list[RunResult], part: str = "all") -> str:
     """`part`'s TTFT p50 in ms, the median over rounds."""
     return f"{over_rounds(lambda r: ttft_p50(r, part), runs) * 1000:.0f}"
 
@@ -276,14 +273,13 @@ def main() -> int:
                 tok_ratio, ttft = ratios(red, peer)
                 red_tok, peer_tok = over_rounds(tok_s, red), over_rounds(tok_s, peer)
                 red_itl, peer_itl = over_rounds(itl_p99, red), over_rounds(itl_p99, peer)
-                first, later = (ttft_ratio(red, peer, part) for part in PARTS[1:])
+                first, later = (ttft_ratio(red, peer, part) for part in ("first", "later"))
                 rows.append((w, c, red_tok, peer_tok, tok_ratio, ttft, first, later, red_itl,
                               peer_itl, failed))
                 print(f"{w:6s} c={c:<2d} redline {red_tok:6.1f} tok/s"
                       f"  llama-server {peer_tok:6.1f} tok/s"
                       f"  tok/s ratio {tok_ratio:4.2f}  TTFT p50 ratio {ttft:4.2f}"
-                      f"  (redline {over_rounds(ttft_p50, red) * 1000:.0f} ms,"
-                      f" llama-server {over_rounds(ttft_p50, peer) * 1000:.0f} ms;"
+                      f"  (redline {_ms(red)} ms, llama-server {_ms(peer)} ms;"
                       f" ITL p99 {red_itl * 1000:.0f} / {peer_itl * 1000:.0f} ms)"
                       f"{f'  FAILED {failed}' if failed else ''}", flush=True)
                 print(f"{'':6s}      TTFT p50 ratio, first wave {first:4.2f}"
@@ -294,7 +290,7 @@ def main() -> int:
                     base_tok, base_ttft = ratios(base, peer)
                     print(f"{'':6s}      redline-base {over_rounds(tok_s, base):6.1f}"
                           f" tok/s  tok/s ratio {base_tok:4.2f}  TTFT p50 ratio {base_ttft:4.2f}"
-                          f"  (redline-base {over_rounds(ttft_p50, base) * 1000:.0f} ms;"
+                          f"  (redline-base {_ms(base)} ms;"
                           f" ITL p99 {over_rounds(itl_p99, base) * 1000:.0f} ms); first wave"
                           f" {ttft_ratio(base, peer, 'first'):4.2f}, later requests"
                           f" {ttft_ratio(base, peer, 'later'):4.2f}", flush=True)
