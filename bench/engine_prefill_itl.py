@@ -8,6 +8,7 @@ the adaptive one (engine/budget.py), in the same run, on the bundled SmolLM2.
     .venv/bin/python bench/engine_prefill_itl.py --streams 1 --kv-layout per_slot  # one stream
     .venv/bin/python bench/engine_prefill_itl.py --side off       # without the side (side.py)
     .venv/bin/python bench/engine_prefill_itl.py --streams 6 --newcomers 2   # two at once
+    .venv/bin/python bench/engine_prefill_itl.py --streams 6 --newcomers 2 --yield-to-waiting off,on
     .venv/bin/python bench/engine_prefill_itl.py --side on --worst 4   # what sets the p99
 
 Each round: `--streams` streams decode (greedy, long answers); once each has given a few
@@ -177,6 +178,10 @@ async def main() -> None:
     ap.add_argument("--protect-share", type=float, default=0.5, help="models[]."
                     "prefill_protect_share: the prompt is held back only while at least this "
                     "share of the --streams + 1 slots decode (7 of 8: it is)")
+    ap.add_argument("--yield-to-waiting", default="on", help="models[].prefill_yield_to_waiting"
+                    " for the adaptive modes ('on', the default config's; 'off'; 'off,on': "
+                    "both): with two or more newcomers, 'on' lets them take the rest of the "
+                    "batch in turn instead of holding them back")
     ap.add_argument("--kv-layout", choices=("unified", "per_slot"), default="unified")
     ap.add_argument("--side", default="off,on", help="adaptive modes without and with the "
                     "prompt computed on the side (models[].prefill_side, engine/side.py); "
@@ -197,7 +202,7 @@ async def main() -> None:
                for j in range(args.newcomers)]
     slacks = [float(x) for x in args.slack.split(",")]
     floors = [int(x) for x in args.floor.split(",")]
-    modes: dict[str, tuple[float | None, int, str]] = {"fixed": (None, 8, "off")}
+    modes: dict[str, tuple[float | None, int, str, bool]] = {"fixed": (None, 8, "off", False)}
     suffix = {"off": "", "on": " + side", "nowait": " + side, no wait",
               "norecall": " + side, no recall"}
     recall, poll = engine.scheduler.side_recall, engine._side_poll
@@ -206,18 +211,23 @@ async def main() -> None:
         poll()
         engine.scheduler.side_busy = False
 
+    yielding = [{"on": True, "off": False}[x] for x in args.yield_to_waiting.split(",")]
     for how in args.side.split(","):
         for value in slacks:
             for floor in floors:
-                name = "adaptive" + (f" {value:g}" if len(slacks) > 1 else "") + (
-                    f" floor {floor}" if len(floors) > 1 else "") + suffix[how]
-                modes[name] = (value, floor, how)
+                for waiting_first in yielding:
+                    name = "adaptive" + (f" {value:g}" if len(slacks) > 1 else "") + (
+                        f" floor {floor}" if len(floors) > 1 else "") + suffix[how] + (
+                        (" yielding" if waiting_first else " held") if len(yielding) > 1
+                        else "")
+                    modes[name] = (value, floor, how, waiting_first)
     got: dict[str, tuple[list[float], list[float], list[float]]] = {
         m: ([], [], []) for m in modes}
     try:
         for r in range(args.rounds):
-            for mode, (slack, floor, how) in modes.items():
-                engine.scheduler.budget = PrefillBudget(512, slack, floor, protect)  # afresh
+            for mode, (slack, floor, how, waiting_first) in modes.items():
+                engine.scheduler.budget = PrefillBudget(512, slack, floor, protect,  # afresh
+                                                        waiting_first)
                 engine.side = side if how != "off" else None
                 engine.scheduler.side_busy = False  # nothing on the side between rounds
                 engine._side_poll = (  # type: ignore[method-assign]

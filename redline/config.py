@@ -200,6 +200,13 @@ class ModelConfig(_Section):
         "while at least this share of the slots decode (at least one); beside fewer, it takes "
         "the rest of n_batch every step: their tokens wait for its chunks, its first token "
         "does not wait for theirs. 0: always held back")
+    prefill_yield_to_waiting: bool = Field(
+        True, description="local: prefill_slack holds a long prompt back (on the side or in "
+        "chunks) only while it waits alone for its first token: with two or more long "
+        "prompts in their slots, they take the rest of n_batch in turn and the streams' "
+        "tokens wait for their chunks, as in llama-server (8 clients with 1,563-token "
+        "prompts: first token 0.88x llama-server's instead of 1.9-2.3x, docs/BENCHMARKS.md). "
+        "False: held back whenever prefill_protect_share of the slots decode")
     prefill_side: bool = Field(
         True, description="local: a long prompt that prefill_slack would hold back (at least "
         "prefill_protect_share of the slots decode) runs instead in a context of its own on "

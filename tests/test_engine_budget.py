@@ -254,9 +254,44 @@ def test_a_long_prompt_is_held_back_only_for_enough_decoding_streams(loop) -> No
     assert not PrefillBudget(512, 0.5).yields(1)  # protect 1: held back for any stream
 
 
+def test_a_long_prompt_is_held_back_only_while_it_waits_alone(loop) -> None:
+    """`yield_to_waiting` (`models[].prefill_yield_to_waiting`): one long newcomer beside 7
+    decoding streams (the fairness figure) is chunked within the slack; two or more long
+    prompts waiting for their first token take the rest of the batch in turn, as if too
+    few streams decoded. With the rule off they are held back whenever `protect` streams
+    decode."""
+    def cost(batch):  # as above
+        return 0.001 + 0.002 * batch.n_decode + 0.0005 * (len(batch.entries) - batch.n_decode)
+
+    for streams, prompts, waiting_first, held in ((7, 1, True, True), (6, 2, True, False),
+                                             (4, 4, True, False), (4, 4, False, True)):
+        budget = PrefillBudget(512, 0.5, protect=4, yield_to_waiting=waiting_first)
+        s = Scheduler(n_seq_max=8, n_batch=512, budget=budget)
+        for i in range(streams):
+            s.add(make(loop, range(20 * i, 20 * i + 20), f"s{i}"))  # 80+ tokens: costs learnt
+        for _ in range(4):
+            step(s, cost)
+        for i in range(prompts):
+            s.add(make(loop, range(1000 + 2000 * i, 2500 + 2000 * i), f"long{i}"))
+        assert s.pending_prompts() == 0  # none admitted yet
+        chunks = [len(b.entries) - b.n_decode for b in (step(s, cost) for _ in range(2))]
+        assert s.pending_prompts() == (prompts if waiting_first else 0)
+        if held:
+            assert all(c <= 15 for c in chunks), chunks
+        else:
+            assert chunks == [512 - streams] * 2, chunks
+    b = PrefillBudget(512, 0.5, protect=4, yield_to_waiting=True)
+    assert b.yields(7, 2) and b.yields(4, 4) and not b.yields(7, 1) and not b.yields(4, 1)
+    assert b.yields(3, 1)  # too few streams: as before
+    assert PrefillBudget(512, 0.5, yield_to_waiting=True).yields(1, 1)  # one stream, one prompt
+    assert not PrefillBudget(512, 0.5, protect=4).yields(6, 6)  # the rule off
+    assert not PrefillBudget(512, None, yield_to_waiting=True).yields(4, 4)  # a fixed budget
+
+
 def test_the_protected_share_is_a_model_setting() -> None:
     from redline.config import ModelConfig
 
     assert ModelConfig(name="m", bundled="smollm2-135m-instruct").prefill_protect_share == 0.5
+    assert ModelConfig(name="m", bundled="smollm2-135m-instruct").prefill_yield_to_waiting
     with pytest.raises(ValueError):
         ModelConfig(name="m", bundled="smollm2-135m-instruct", prefill_protect_share=1.5)

@@ -4,6 +4,7 @@ made-up step costs and sequences (no model)."""
 from __future__ import annotations
 
 import asyncio
+import math
 from collections.abc import Iterator
 
 import pytest
@@ -190,3 +191,28 @@ def test_a_held_back_prompt_on_the_side_costs_its_prompt_only_time_on_half_the_t
     assert f.ttft_s(40, "A", running, [], side=True) == f.ttft_s(40, "A", running, [])
     few = running[:2]
     assert f.ttft_s(1000, "A", few, [], side=True) == f.ttft_s(1000, "A", few, [])
+
+
+def test_long_prompts_that_do_not_wait_alone_take_the_rest_of_the_batch(
+        loop: asyncio.AbstractEventLoop) -> None:
+    """With `yield_to_waiting`, a long newcomer beside 4 decoding streams and 3 long prompts in
+    their slots is forecast at the rest of the batch a step after those ahead, not held
+    back at 8 tokens a step; alone beside 7 streams, held back as before."""
+    b = PrefillBudget(512, slack=0.5, floor=8, protect=4, yield_to_waiting=True)
+    b.decode_s, b.token_s = 0.02, 0.004  # 2 prompt tokens fit in a step's slack: floor 8
+    f = Forecast(8, b, expected_len=100)
+    streams = [seq(loop, f"r{i}", written=10) for i in range(7)]
+    prompts = []
+    for i in range(3):
+        p = seq(loop, f"p{i}", prompt=1000)
+        p.n_fed = 0  # still to compute
+        prompts.append(p)
+    work = 4000  # theirs and its own
+    got = f.ttft_s(1000, "A", streams[:4] + prompts, [])
+    assert got == pytest.approx(work * 0.004 + math.ceil(work / (512 - 7)) * 0.02)
+    held = f.ttft_s(1000, "A", streams, [])
+    assert held == pytest.approx(1000 * 0.004 + math.ceil(1000 / 8) * 0.02)
+    off = Forecast(8, PrefillBudget(512, slack=0.5, floor=8, protect=4), expected_len=100)
+    off.budget.decode_s, off.budget.token_s = 0.02, 0.004
+    assert off.ttft_s(1000, "A", streams[:4] + prompts, []) == pytest.approx(
+        work * 0.004 + math.ceil(work / 8) * 0.02)

@@ -34,7 +34,8 @@ def test_the_layout_is_a_model_setting():
 async def test_the_model_settings_reach_the_engine_and_it_serves():
     backend = LocalBackend(ModelConfig(name="smol", bundled="smollm2-135m-instruct", n_threads=2,
                                        n_seq_max=2, n_ctx=1024, kv_layout="per_slot",
-                                       prefill_protect_share=1.0),
+                                       prefill_protect_share=1.0,
+                                       prefill_yield_to_waiting=False),
                            Path(".redline/models"))
     await backend.start()  # warm-up runs on the per-slot context too
     try:
@@ -42,6 +43,7 @@ async def test_the_model_settings_reach_the_engine_and_it_serves():
         assert backend.engine.scheduler.contiguous  # newcomers placed beside running slots
         # and the share of slots a long prompt is held back for: both of them
         assert backend.engine.scheduler.budget.protect == 2
+        assert not backend.engine.scheduler.budget.yield_to_waiting  # held back, however many
         # and long prompts held back for them run on the side, on 1 of the 2 threads
         assert backend.engine.side is not None and backend.engine.side.threads == 1
         req = GenerationRequest(model="smol", messages=(Message("user", "Name three colours."),),

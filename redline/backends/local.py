@@ -74,6 +74,7 @@ class LocalBackend:
                              kv_unified=cfg.kv_layout == "unified",
                              prefill_protect=protected_streams(cfg.prefill_protect_share,
                                                                cfg.n_seq_max),
+                             prefill_yield_to_waiting=cfg.prefill_yield_to_waiting,
                              side_prefill=cfg.prefill_side)
 
     def _speculative(self) -> NgramSettings | None:

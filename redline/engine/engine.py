@@ -54,7 +54,8 @@ class Engine:
                  speculative: NgramSettings | None = None, host_cache_bytes: int = 0,
                  busy_cells: int | None = None, kv_unified: bool = True,
                  prefill_protect: int = 1, side_prefill: bool = False,
-                 side_min_tokens: int = SIDE_MIN_TOKENS) -> None:
+                 side_min_tokens: int = SIDE_MIN_TOKENS,
+                 prefill_yield_to_waiting: bool = False) -> None:
         self.model = model
         self.n_ctx_per_seq = n_ctx_per_seq
         self.runner = LlamaRunner(model, n_ctx_per_seq, n_seq_max, n_batch, n_threads, kv_unified)
@@ -63,7 +64,7 @@ class Engine:
         self.host = HostCache(host_cache_bytes) if host_cache_bytes > 0 and prefix_reuse else None
         self.scheduler = Scheduler(n_seq_max, n_batch, prefix_reuse, cache_cells, tiers,
                                    PrefillBudget(n_batch, prefill_slack, prefill_floor,
-                                                 prefill_protect),
+                                                 prefill_protect, prefill_yield_to_waiting),
                                    speculative, self.host, busy_cells)
         self.scheduler.contiguous = not kv_unified
         # long prompts beside decoding streams computed on some of the threads

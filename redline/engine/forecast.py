@@ -133,7 +133,14 @@ class Forecast:
             return wait + alone  # prompt-only steps: nothing decodes beside them
         decoding = min(self.n_slots, len(running))
         per_step = max(1, self.budget.tokens(decoding))
-        if self.budget.yields(decoding) and not self.budget.whole(prompt):
+        # long prompts in their slots wait for a first token with the newcomer's: with
+        # any, it does not wait alone (budget.py `yield_to_waiting`)
+        long = pending = 0
+        if self.budget.yield_to_waiting:
+            long = sum(1 for s in running
+                       if s.in_prefill and not self.budget.whole(s.prefill_to - s.n_fed))
+            pending = long + 1
+        if self.budget.yields(decoding - long, pending) and not self.budget.whole(prompt):
             per_step = self.budget.n_batch - decoding  # a long prompt takes the rest
         elif side and self.side_factor and decoding and prompt >= self.side_min \
                 and not self.budget.whole(prompt) and (alone := self.prefill_s(prompt)):

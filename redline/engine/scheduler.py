@@ -28,8 +28,9 @@ sees the same stream go on, later, with no token lost or repeated.
 Prefill budget: while streams decode, a step carries only the prompt tokens that
 `PrefillBudget` allows (engine/budget.py: the streams' inter-token latency stays near
 their TPOT), except that a read prompt with little work left finishes whole, and beside
-fewer than `budget.protect` decoding streams a long one takes the rest of the batch; when
-nothing decodes, the whole batch.
+fewer than `budget.protect` decoding streams, or when it does not wait alone (two or more
+long prompts in their slots, `budget.yield_to_waiting`), a long one takes the rest of the
+batch; when nothing decodes, the whole batch.
 
 Streams nobody reads run on spare time: their prompts (a recompute after preemption)
 run only in steps nobody reads, and they pause while a read prompt runs, so a newcomer's
@@ -289,6 +290,7 @@ class Scheduler:
         if not anyone_reads:  # an unread stream's prompt keeps the step short too
             budget = min(budget, self._unread_prompt(n_decode))
         order = alone or self._ranked()
+        pending = self.pending_prompts()
         for seq in order:
             if budget <= 0:
                 break
@@ -305,9 +307,10 @@ class Scheduler:
             take = budget
             left = seq.prefill_to - start
             if left > budget and not seq.unread and ((first and self.budget.whole(left))
-                                                     or self.budget.yields(len(decoding))):
-                # a short prompt goes whole; beside few decoding streams, a long one takes
-                # the rest of the batch (budget.py)
+                                                     or self.budget.yields(len(decoding),
+                                                                           pending)):
+                # a short prompt goes whole; beside few decoding streams, or not waiting
+                # alone, a long one takes the rest of the batch (budget.py)
                 take = self.n_batch - len(entries)
             scoring = seq.scores_prompt
             if scoring:
@@ -388,7 +391,8 @@ class Scheduler:
         short enough to go whole), with at least `min_tokens` left to compute. Not one that
         scores its prompt (each of its rows is sampled here), one nobody reads, or one the
         side failed once."""
-        if self.budget.slack is None or decoding == 0 or self.budget.yields(decoding):
+        if self.budget.slack is None or decoding == 0 \
+                or self.budget.yields(decoding, self.pending_prompts()):
             return False
         if not seq.in_prefill or seq.aside is not None or seq.unread or seq.scores_prompt \
                 or seq.no_side:
@@ -398,12 +402,21 @@ class Scheduler:
 
     def side_recall(self) -> bool:
         """A prompt on the side is no longer held back: too few read streams decode now
-        (they ended), so the engine's steps take it on all the threads."""
+        (they ended), or another long prompt waits beside it, so the engine's steps take
+        it on all the threads."""
         decoding = self._reading_decoders()
-        return decoding == 0 or self.budget.yields(decoding)
+        return decoding == 0 or self.budget.yields(decoding, self.pending_prompts())
 
     def _reading_decoders(self) -> int:
         return sum(1 for q in self.running if not q.in_prefill and not q.unread)
+
+    def pending_prompts(self) -> int:
+        """Read prompts in their slots too long to go whole: users waiting for a first
+        token that the budget may hold back (`PrefillBudget.yields`)."""
+        if not self.budget.yield_to_waiting:
+            return 0
+        return sum(1 for q in self.running if q.in_prefill and not q.unread
+                   and not self.budget.whole(q.prefill_to - q.n_fed))
 
     def _limit(self, reading: int) -> float | None:
         """The longest step streams nobody reads may make beside `reading` read ones."""
