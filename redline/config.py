@@ -202,10 +202,11 @@ class ModelConfig(_Section):
         "does not wait for theirs. 0: always held back")
     prefill_yield_to_waiting: bool = Field(
         True, description="local: prefill_slack holds a long prompt back (on the side or in "
-        "chunks) only while it waits alone for its first token: with two or more long "
-        "prompts in their slots, they take the rest of n_batch in turn and the streams' "
-        "tokens wait for their chunks, as in llama-server (8 clients with 1,563-token "
-        "prompts: first token 0.88x llama-server's instead of 1.9-2.3x, docs/BENCHMARKS.md). "
+        "chunks) only while it waits alone for its first token: with another long prompt in "
+        "its slot or a request queued for a slot, prompts take the rest of n_batch in turn "
+        "and the streams' tokens wait for their chunks, as in llama-server (8 clients with "
+        "1,563-token prompts: first token 0.83-0.88x llama-server's instead of 1.9-2.3x, "
+        "docs/BENCHMARKS.md). "
         "False: held back whenever prefill_protect_share of the slots decode")
     prefill_side: bool = Field(
         True, description="local: a long prompt that prefill_slack would hold back (at least "

@@ -273,13 +273,25 @@ def test_a_long_prompt_is_held_back_only_while_it_waits_alone(loop) -> None:
             step(s, cost)
         for i in range(prompts):
             s.add(make(loop, range(1000 + 2000 * i, 2500 + 2000 * i), f"long{i}"))
-        assert s.pending_prompts() == 0  # none admitted yet
+        assert s.pending_prompts() == (prompts if waiting_first else 0)  # queued for a slot
         chunks = [len(b.entries) - b.n_decode for b in (step(s, cost) for _ in range(2))]
         assert s.pending_prompts() == (prompts if waiting_first else 0)
         if held:
             assert all(c <= 15 for c in chunks), chunks
         else:
             assert chunks == [512 - streams] * 2, chunks
+    # one long newcomer beside 7 streams and a request queued for a slot: not alone
+    s = Scheduler(n_seq_max=8, n_batch=512,
+                  budget=PrefillBudget(512, 0.5, protect=4, yield_to_waiting=True))
+    for i in range(7):
+        s.add(make(loop, range(20 * i, 20 * i + 20), f"s{i}"))
+    for _ in range(4):
+        step(s, cost)
+    s.add(make(loop, range(1000, 2500), "long"))
+    s.add(make(loop, range(5000, 5020), "queued"))
+    chunks = [len(b.entries) - b.n_decode for b in (step(s, cost) for _ in range(2))]
+    assert len(s.waiting) == 1 and s.pending_prompts() == 2
+    assert chunks == [512 - 7] * 2, chunks
     b = PrefillBudget(512, 0.5, protect=4, yield_to_waiting=True)
     assert b.yields(7, 2) and b.yields(4, 4) and not b.yields(7, 1) and not b.yields(4, 1)
     assert b.yields(3, 1)  # too few streams: as before

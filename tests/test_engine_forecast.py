@@ -212,6 +212,11 @@ def test_long_prompts_that_do_not_wait_alone_take_the_rest_of_the_batch(
     assert got == pytest.approx(work * 0.004 + math.ceil(work / (512 - 7)) * 0.02)
     held = f.ttft_s(1000, "A", streams, [])
     assert held == pytest.approx(1000 * 0.004 + math.ceil(1000 / 8) * 0.02)
+    # a request queued for the last slot ahead of it: it does not wait alone
+    queued = seq(loop, "q", prompt=20)
+    queued.n_fed = 0
+    behind = f.ttft_s(1000, "A", [*streams, seq(loop, "r7", written=10)], [queued])
+    assert behind is not None and behind < held
     off = Forecast(8, PrefillBudget(512, slack=0.5, floor=8, protect=4), expected_len=100)
     off.budget.decode_s, off.budget.token_s = 0.02, 0.004
     assert off.ttft_s(1000, "A", streams[:4] + prompts, []) == pytest.approx(

@@ -20,9 +20,9 @@ with a fixed budget: one stream decoding beside a 1,563-token prompt kept its IT
 prompt's first token came at 2.1x llama-server's, which stalls the stream instead. Held
 back for one or two streams, a long prompt costs its user more than it saves theirs.
 
-And it is held back only while it waits alone (`yield_to_waiting`): with two or more long
-prompts in their slots, the users waiting for a first token go first, one prompt at a
-time in whole batches, and the streams' tokens wait for the chunks. Held back whenever
+And it is held back only while it waits alone (`yield_to_waiting`): with another long
+prompt in its slot or a request queued for a slot, the users waiting for a first token go
+first, one prompt at a time in whole batches, and the streams' tokens wait for the chunks. Held back whenever
 enough streams decode, the prompts of 8 clients sending 1,563-token prompts waited on the
 streams and came at 1.9-2.3x llama-server's first token; the streams end sooner, the
 clients send sooner, and in a closed loop the same tok/s means a later first token for a
@@ -77,10 +77,11 @@ class PrefillBudget:
         return max(0, min(room, max(self.floor, fit)))
 
     def yields(self, decoding: int, pending: int = 0) -> bool:
-        """With `decoding` streams decoding and `pending` long prompts in their slots (the
-        one asked about among them), a long prompt takes the rest of the batch: too few
-        streams to hold it back for (`protect`), or, with `yield_to_waiting`, it does not
-        wait alone (two or more users wait for a first token, or as many as decode)."""
+        """With `decoding` streams decoding and `pending` users waiting for a first token
+        (long prompts in their slots, the one asked about among them, and requests queued
+        for a slot), a long prompt takes the rest of the batch: too few streams to hold it
+        back for (`protect`), or, with `yield_to_waiting`, it does not wait alone (two or
+        more users wait for a first token, or as many as decode)."""
         if self.slack is None:
             return False
         return decoding < self.protect \

@@ -112,8 +112,8 @@ class Forecast:
         # unread streams give way to anyone (their slots, and their decode steps while a
         # read prompt runs); with tiers off all waiting work is ahead
         running = [s for s in running if not s.cancelled and not s.unread]
-        ahead = [s for s in waiting if not s.cancelled and not s.unread
-                 and (not tiers or TIER_RANK.get(s.tier, 1) <= rank)]
+        queued = [s for s in waiting if not s.cancelled and not s.unread]
+        ahead = [s for s in queued if not tiers or TIER_RANK.get(s.tier, 1) <= rank]
         prompt = _prompt_work(running + ahead, prompt_tokens, tokens)
         step = self.step_s(max(1, len(running))) or decode_s
         free = self.n_slots - len(running)
@@ -133,13 +133,14 @@ class Forecast:
             return wait + alone  # prompt-only steps: nothing decodes beside them
         decoding = min(self.n_slots, len(running))
         per_step = max(1, self.budget.tokens(decoding))
-        # long prompts in their slots wait for a first token with the newcomer's: with
-        # any, it does not wait alone (budget.py `yield_to_waiting`)
+        # long prompts in their slots and requests queued for a slot wait for a first
+        # token with the newcomer: with any, it does not wait alone (budget.py
+        # `yield_to_waiting`)
         long = pending = 0
         if self.budget.yield_to_waiting:
             long = sum(1 for s in running
                        if s.in_prefill and not self.budget.whole(s.prefill_to - s.n_fed))
-            pending = long + 1
+            pending = long + len(queued) + 1
         if self.budget.yields(decoding - long, pending) and not self.budget.whole(prompt):
             per_step = self.budget.n_batch - decoding  # a long prompt takes the rest
         elif side and self.side_factor and decoding and prompt >= self.side_min \

@@ -28,9 +28,9 @@ sees the same stream go on, later, with no token lost or repeated.
 Prefill budget: while streams decode, a step carries only the prompt tokens that
 `PrefillBudget` allows (engine/budget.py: the streams' inter-token latency stays near
 their TPOT), except that a read prompt with little work left finishes whole, and beside
-fewer than `budget.protect` decoding streams, or when it does not wait alone (two or more
-long prompts in their slots, `budget.yield_to_waiting`), a long one takes the rest of the
-batch; when nothing decodes, the whole batch.
+fewer than `budget.protect` decoding streams, or when it does not wait alone (another long
+prompt in its slot, or a request queued for a slot: `budget.yield_to_waiting`), a long one
+takes the rest of the batch; when nothing decodes, the whole batch.
 
 Streams nobody reads run on spare time: their prompts (a recompute after preemption)
 run only in steps nobody reads, and they pause while a read prompt runs, so a newcomer's
@@ -402,8 +402,8 @@ class Scheduler:
 
     def side_recall(self) -> bool:
         """A prompt on the side is no longer held back: too few read streams decode now
-        (they ended), or another long prompt waits beside it, so the engine's steps take
-        it on all the threads."""
+        (they ended), or another user waits for a first token beside it, so the engine's
+        steps take it on all the threads."""
         decoding = self._reading_decoders()
         return decoding == 0 or self.budget.yields(decoding, self.pending_prompts())
 
@@ -411,12 +411,14 @@ class Scheduler:
         return sum(1 for q in self.running if not q.in_prefill and not q.unread)
 
     def pending_prompts(self) -> int:
-        """Read prompts in their slots too long to go whole: users waiting for a first
-        token that the budget may hold back (`PrefillBudget.yields`)."""
+        """Users waiting for a first token that a long prompt would be held back with
+        (`PrefillBudget.yields`): read prompts in their slots too long to go whole, and
+        read requests queued for a slot."""
         if not self.budget.yield_to_waiting:
             return 0
         return sum(1 for q in self.running if q.in_prefill and not q.unread
-                   and not self.budget.whole(q.prefill_to - q.n_fed))
+                   and not self.budget.whole(q.prefill_to - q.n_fed)) \
+            + sum(1 for q in self.waiting if not q.unread)
 
     def _limit(self, reading: int) -> float | None:
         """The longest step streams nobody reads may make beside `reading` read ones."""
