@@ -22,12 +22,13 @@ back for one or two streams, a long prompt costs its user more than it saves the
 
 And it is held back only while it waits alone (`yield_to_waiting`): with another long
 prompt in its slot or a request queued for a slot, the users waiting for a first token go
-first, one prompt at a time in whole batches, and the streams' tokens wait for the chunks. Held back whenever
-enough streams decode, the prompts of 8 clients sending 1,563-token prompts waited on the
-streams and came at 1.9-2.3x llama-server's first token; the streams end sooner, the
-clients send sooner, and in a closed loop the same tok/s means a later first token for a
-smoother answer. Yielding, 0.88x (tok/s 1.12x), and the streams' worst gap still under
-llama-server's (1.7 s against 4.4 s: its prompts take 2,048-token batches).
+first, one prompt at a time in whole batches, and the streams' tokens wait for the
+chunks. Held back whenever enough streams decode, the prompts of 8 clients sending
+1,563-token prompts waited on the streams and came at 1.9-2.3x llama-server's first
+token; the streams end sooner, the clients send sooner, and in a closed loop the same
+tok/s means a later first token for a smoother answer. Yielding, 0.88x (tok/s 1.12x), and
+the streams' worst gap still under llama-server's (1.7 s against 4.4 s: its prompts take
+2,048-token batches).
 
 Both costs are measured, not configured: an average of decode-only steps' seconds, and
 of the seconds each prompt token adds to a step (weights, threads and cores differ per

@@ -290,7 +290,6 @@ class Scheduler:
         if not anyone_reads:  # an unread stream's prompt keeps the step short too
             budget = min(budget, self._unread_prompt(n_decode))
         order = alone or self._ranked()
-        pending = self.pending_prompts()
         for seq in order:
             if budget <= 0:
                 break
@@ -307,8 +306,8 @@ class Scheduler:
             take = budget
             left = seq.prefill_to - start
             if left > budget and not seq.unread and ((first and self.budget.whole(left))
-                                                     or self.budget.yields(len(decoding),
-                                                                           pending)):
+                                                     or self.budget.yields(
+                                                         len(decoding), self.pending_prompts())):
                 # a short prompt goes whole; beside few decoding streams, or not waiting
                 # alone, a long one takes the rest of the batch (budget.py)
                 take = self.n_batch - len(entries)
@@ -391,14 +390,15 @@ class Scheduler:
         short enough to go whole), with at least `min_tokens` left to compute. Not one that
         scores its prompt (each of its rows is sampled here), one nobody reads, or one the
         side failed once."""
-        if self.budget.slack is None or decoding == 0 \
-                or self.budget.yields(decoding, self.pending_prompts()):
+        if self.budget.slack is None or decoding == 0:
             return False
         if not seq.in_prefill or seq.aside is not None or seq.unread or seq.scores_prompt \
                 or seq.no_side:
             return False
         left = seq.prefill_to - seq.n_fed
-        return left >= min_tokens and not self.budget.whole(left)
+        # the count of users waiting last: only for a prompt that would otherwise go
+        return left >= min_tokens and not self.budget.whole(left) \
+            and not self.budget.yields(decoding, self.pending_prompts())
 
     def side_recall(self) -> bool:
         """A prompt on the side is no longer held back: too few read streams decode now
